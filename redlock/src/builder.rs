@@ -1,0 +1,224 @@
+//! `Redlock::builder()`: noun setters, validated once in `build()`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::client::{Core, Redlock};
+use crate::config::{Config, RetryPolicy};
+use crate::engine;
+use crate::error::{ConfigError, Error};
+use crate::node::{NodeSpec, RedisBackend, RedisNode, redact_url};
+
+/// Builds a [`Redlock`]. Nothing connects until the first request.
+#[must_use]
+pub struct RedlockBuilder {
+    nodes: Vec<(Option<String>, String)>,
+    config: Config,
+    tls_root_ca: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for RedlockBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let urls: Vec<String> = self.nodes.iter().map(|(_, u)| redact_url(u)).collect();
+        f.debug_struct("RedlockBuilder")
+            .field("nodes", &urls)
+            .field("config", &self.config)
+            .field("tls_root_ca", &self.tls_root_ca.as_ref().map(|_| "<pem>"))
+            .finish()
+    }
+}
+
+impl Default for RedlockBuilder {
+    fn default() -> Self {
+        Self {
+            nodes: Vec::new(),
+            config: Config::default(),
+            tls_root_ca: None,
+        }
+    }
+}
+
+impl RedlockBuilder {
+    /// Adds independent Redis masters by URL: `redis://[user[:password]@]host[:port][/db]`,
+    /// `rediss://…` (TLS) or `redis+unix:///path`. Each is named `host:port` (or the socket path).
+    pub fn nodes<I, S>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.nodes
+            .extend(urls.into_iter().map(|u| (None, u.into())));
+        self
+    }
+
+    /// Adds one node with an explicit display name (used in reports, metrics and fence tokens).
+    pub fn named_node(mut self, name: impl Into<String>, url: impl Into<String>) -> Self {
+        self.nodes.push((Some(name.into()), url.into()));
+        self
+    }
+
+    /// Replaces the whole configuration.
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Lock time-to-live. Default: [`DEFAULT_TTL`](crate::DEFAULT_TTL).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.config.ttl = ttl;
+        self
+    }
+
+    /// Clock drift factor. Default: [`DEFAULT_DRIFT_FACTOR`](crate::DEFAULT_DRIFT_FACTOR).
+    pub fn drift_factor(mut self, factor: f64) -> Self {
+        self.config.drift_factor = factor;
+        self
+    }
+
+    /// Per-node request timeout. Default: [`DEFAULT_NODE_TIMEOUT`](crate::DEFAULT_NODE_TIMEOUT).
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.config.node_timeout = timeout;
+        self
+    }
+
+    /// Connection-opening timeout. Default: [`DEFAULT_CONNECT_TIMEOUT`](crate::DEFAULT_CONNECT_TIMEOUT).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.config.connect_timeout = timeout;
+        self
+    }
+
+    /// Minimum validity for a successful acquisition. Default: zero.
+    pub fn min_validity(mut self, min: Duration) -> Self {
+        self.config.min_validity = min;
+        self
+    }
+
+    /// Retry policy of `acquire`. Default: [`RetryPolicy::default`].
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.config.retry = retry;
+        self
+    }
+
+    /// Prefix of every key. Default: [`DEFAULT_KEY_PREFIX`](crate::DEFAULT_KEY_PREFIX).
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.config.key_prefix = prefix.into();
+        self
+    }
+
+    /// Longest accepted resource name in bytes. Default: [`DEFAULT_MAX_RESOURCE_LEN`](crate::DEFAULT_MAX_RESOURCE_LEN).
+    pub fn max_resource_len(mut self, max: usize) -> Self {
+        self.config.max_resource_len = max;
+        self
+    }
+
+    /// PEM bundle of CA certificates trusted for `rediss://` nodes instead of the system store.
+    pub fn tls_root_ca(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root_ca = Some(pem.into());
+        self
+    }
+
+    /// Validates everything and returns the client. Does not connect.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the first problem: no nodes, a malformed or duplicate URL
+    /// (shown without its password), a zero TTL or one not above the drift allowance, a drift
+    /// factor outside [0, 0.5), a node timeout of zero or not below the TTL, an unbounded
+    /// retry policy, or a bad key prefix.
+    pub fn build(self) -> Result<Redlock, Error> {
+        let c = &self.config;
+        if self.nodes.is_empty() {
+            return Err(ConfigError::NoNodes.into());
+        }
+        if !(c.drift_factor.is_finite() && (0.0..0.5).contains(&c.drift_factor)) {
+            return Err(ConfigError::InvalidDriftFactor(c.drift_factor).into());
+        }
+        let ttl_err = |reason: &str| ConfigError::InvalidTtl {
+            ttl: c.ttl,
+            reason: reason.to_owned(),
+        };
+        if c.ttl < Duration::from_millis(1) {
+            return Err(ttl_err("must be at least 1 ms").into());
+        }
+        // Redis takes PX as a signed 64-bit count of ms; stay far from it.
+        if c.ttl > Duration::from_secs(365 * 24 * 3600) {
+            return Err(ttl_err("must be at most one year").into());
+        }
+        let drift = engine::drift(c.ttl, c.drift_factor);
+        if c.ttl <= drift + c.min_validity {
+            return Err(ttl_err(&format!(
+                "must exceed the drift allowance {drift:?} plus the minimum validity {:?}",
+                c.min_validity
+            ))
+            .into());
+        }
+        if c.node_timeout.is_zero() || c.node_timeout >= c.ttl {
+            return Err(ConfigError::InvalidNodeTimeout {
+                timeout: c.node_timeout,
+                ttl: c.ttl,
+            }
+            .into());
+        }
+        c.retry.validate().map_err(ConfigError::InvalidRetry)?;
+        let prefix_ok =
+            c.key_prefix.len() <= 64 && c.key_prefix.bytes().all(|b| b.is_ascii_graphic());
+        if !prefix_ok {
+            return Err(ConfigError::InvalidKeyPrefix(c.key_prefix.clone()).into());
+        }
+        if c.max_resource_len == 0 {
+            return Err(ConfigError::InvalidMaxResourceLen.into());
+        }
+
+        let mut specs: Vec<NodeSpec> = Vec::with_capacity(self.nodes.len());
+        for (index, (name, url)) in self.nodes.iter().enumerate() {
+            let spec = NodeSpec::parse(url, name.as_deref()).map_err(|reason| {
+                ConfigError::InvalidNodeUrl {
+                    index,
+                    url: redact_url(url),
+                    reason,
+                }
+            })?;
+            if let Some(first) = specs.iter().position(|s| s.identity == spec.identity) {
+                return Err(ConfigError::DuplicateNode {
+                    first,
+                    second: index,
+                    node: spec.name.to_string(),
+                }
+                .into());
+            }
+            if let Some(first) = specs.iter().position(|s| s.name == spec.name) {
+                return Err(ConfigError::DuplicateName {
+                    first,
+                    second: index,
+                    name: spec.name.to_string(),
+                }
+                .into());
+            }
+            specs.push(spec);
+        }
+        if specs.len() % 2 == 0 {
+            tracing::warn!(
+                nodes = specs.len(),
+                "an even number of nodes tolerates no more failures than one node fewer"
+            );
+        }
+        let mut nodes = Vec::with_capacity(specs.len());
+        for (index, spec) in specs.iter().enumerate() {
+            let node = RedisNode::new(spec, c.connect_timeout, self.tls_root_ca.as_deref())
+                .map_err(|reason| match spec.tls {
+                    true => ConfigError::Tls(reason),
+                    false => ConfigError::InvalidNodeUrl {
+                        index,
+                        url: redact_url(&self.nodes[index].1),
+                        reason,
+                    },
+                })?;
+            nodes.push(Arc::new(node));
+        }
+        let backend = RedisBackend {
+            nodes,
+            node_timeout: c.node_timeout,
+            connect_timeout: c.connect_timeout,
+        };
+        Ok(Redlock::from_core(Core::new(self.config, backend)))
+    }
+}

@@ -1,0 +1,550 @@
+//! `Redlock`: acquire, extend and release on top of the quorum engine.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use rand::Rng;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::backend::{Backend, Op};
+use crate::builder::RedlockBuilder;
+use crate::config::{Config, MAX_RESOURCES_PER_LOCK, RetryPolicy};
+use crate::engine::{self, Goal, Phase};
+use crate::error::{Error, NodeOutcome, NodeReport, Phase as PhaseName, ResourceError};
+use crate::lock::{Claim, Lock, ReleaseReport};
+use crate::node::RedisBackend;
+use crate::telemetry;
+use crate::token::Token;
+
+/// The protocol, generic over its nodes so the algorithm tests can run it on fakes.
+pub(crate) struct Core<B> {
+    pub(crate) config: Config,
+    pub(crate) backend: Arc<B>,
+    stamp_key: Arc<str>,
+    lock_prefix: String,
+}
+
+impl<B: Backend> Core<B> {
+    pub(crate) fn new(config: Config, backend: B) -> Self {
+        let stamp_key = format!("{}stamp", config.key_prefix).into();
+        let lock_prefix = format!("{}lock:", config.key_prefix);
+        Self {
+            config,
+            backend: Arc::new(backend),
+            stamp_key,
+            lock_prefix,
+        }
+    }
+
+    pub(crate) fn quorum(&self) -> usize {
+        engine::quorum(self.backend.len())
+    }
+
+    /// Validates resource names and maps them to keys.
+    pub(crate) fn keys(
+        &self,
+        resources: Vec<String>,
+    ) -> Result<(Arc<[String]>, Arc<[String]>), ResourceError> {
+        if resources.is_empty() {
+            return Err(ResourceError::NoResources);
+        }
+        if resources.len() > MAX_RESOURCES_PER_LOCK {
+            return Err(ResourceError::TooMany {
+                count: resources.len(),
+                max: MAX_RESOURCES_PER_LOCK,
+            });
+        }
+        for (index, r) in resources.iter().enumerate() {
+            if r.is_empty() {
+                return Err(ResourceError::Empty { index });
+            }
+            if r.len() > self.config.max_resource_len {
+                return Err(ResourceError::TooLong {
+                    index,
+                    len: r.len(),
+                    max: self.config.max_resource_len,
+                });
+            }
+            if resources[..index].contains(r) {
+                return Err(ResourceError::Duplicate { index });
+            }
+        }
+        let keys: Vec<String> = resources
+            .iter()
+            .map(|r| format!("{}{r}", self.lock_prefix))
+            .collect();
+        Ok((resources.into(), keys.into()))
+    }
+
+    fn ttl_ms(&self, ttl: Duration) -> u64 {
+        u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// One acquisition attempt.
+    pub(crate) async fn attempt(
+        &self,
+        resources: &Arc<[String]>,
+        keys: &Arc<[String]>,
+        token: Token,
+    ) -> Result<Lock, Error> {
+        let ttl = self.config.ttl;
+        let drift = engine::drift(ttl, self.config.drift_factor);
+        let started = Instant::now();
+        let op = Arc::new(Op::Acquire {
+            stamp_key: Arc::clone(&self.stamp_key),
+            keys: Arc::clone(keys),
+            token: token.clone(),
+            ttl_ms: self.ttl_ms(ttl),
+        });
+        let cleanup = Arc::new(Op::Release {
+            keys: Arc::clone(keys),
+            token: token.clone(),
+        });
+        let mut phase = Phase::start(
+            &self.backend,
+            PhaseName::Acquire,
+            op,
+            Goal::Quorum,
+            Some(cleanup),
+        );
+        let d = phase.decided().await;
+        if !d.success {
+            phase.abandon();
+            let refused = d.count(|o| matches!(o, NodeOutcome::Refused));
+            let nodes = d.reports(&*self.backend);
+            return Err(if refused > self.backend.len() - d.needed {
+                telemetry::contention();
+                Error::Busy {
+                    granted: d.positive,
+                    required: d.needed,
+                    nodes,
+                }
+            } else {
+                Error::QuorumUnreachable {
+                    phase: PhaseName::Acquire,
+                    granted: d.positive,
+                    required: d.needed,
+                    nodes,
+                }
+            });
+        }
+        // Validity counts from before the first request: TTL − elapsed − drift.
+        let elapsed = started.elapsed();
+        let Some(left) = engine::validity(ttl, elapsed, self.config.drift_factor)
+            .filter(|left| *left > self.config.min_validity)
+        else {
+            phase.abandon();
+            return Err(Error::ValidityExhausted {
+                phase: PhaseName::Acquire,
+                elapsed,
+                ttl,
+                drift,
+                min_validity: self.config.min_validity,
+            });
+        };
+        phase.keep();
+        let mut claims: Vec<Claim> = d
+            .stamps
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                s.map(|stamp_us| Claim {
+                    node: self.backend.name(i).clone(),
+                    stamp_us,
+                })
+            })
+            .collect();
+        claims.sort_by(|a, b| a.node.cmp(&b.node));
+        Ok(Lock {
+            resources: Arc::clone(resources),
+            keys: Arc::clone(keys),
+            token,
+            ttl,
+            valid_until: started + elapsed + left,
+            claims,
+        })
+    }
+
+    /// Attempts per `policy`, a fresh token each time unless `token` is given.
+    pub(crate) async fn acquire(
+        &self,
+        resources: Vec<String>,
+        policy: &RetryPolicy,
+        token: Option<&Token>,
+    ) -> Result<Lock, Error> {
+        let (resources, keys) = self.keys(resources)?;
+        let span = tracing::debug_span!("redlock.acquire", resources = ?&*resources, nodes = self.backend.len());
+        async {
+            let started = Instant::now();
+            let mut attempts = 0u32;
+            loop {
+                attempts += 1;
+                let token = match token {
+                    Some(t) => t.clone(),
+                    None => Token::random().map_err(Error::Entropy)?,
+                };
+                let result = self.attempt(&resources, &keys, token).await;
+                let err = match result {
+                    Ok(lock) => {
+                        tracing::debug!(attempts, token = %lock.token, remaining = ?lock.remaining(), "acquired");
+                        telemetry::acquire_done(&Ok(()), attempts, started.elapsed());
+                        return Ok(lock);
+                    }
+                    Err(e) => e,
+                };
+                let unit: f64 = rand::rng().random();
+                let pause = if err.is_retryable() {
+                    policy.next_delay(attempts, started.elapsed(), unit)
+                } else {
+                    None
+                };
+                tracing::debug!(attempts, error = %err, retry_in = ?pause, "attempt failed");
+                match pause {
+                    Some(pause) => tokio::time::sleep(pause).await,
+                    None => {
+                        telemetry::acquire_done(&Err(&err), attempts, started.elapsed());
+                        return Err(err);
+                    }
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    pub(crate) async fn extend(&self, lock: &mut Lock) -> Result<(), Error> {
+        let span = tracing::debug_span!("redlock.extend", resources = ?&*lock.resources, token = %lock.token);
+        async {
+            let ttl = lock.ttl;
+            let drift = engine::drift(ttl, self.config.drift_factor);
+            let started = Instant::now();
+            let op = Arc::new(Op::Extend {
+                keys: Arc::clone(&lock.keys),
+                token: lock.token.clone(),
+                ttl_ms: self.ttl_ms(ttl),
+            });
+            let mut phase = Phase::start(&self.backend, PhaseName::Extend, op, Goal::Quorum, None);
+            let d = phase.decided().await;
+            telemetry::extend_done(d.success);
+            if !d.success {
+                let refused = d.count(|o| matches!(o, NodeOutcome::Refused));
+                let nodes = d.reports(&*self.backend);
+                tracing::debug!(
+                    granted = d.positive,
+                    refused,
+                    "extend failed; lock left as it was"
+                );
+                return Err(if refused > self.backend.len() - d.needed {
+                    Error::Lost {
+                        held: d.positive,
+                        required: d.needed,
+                        nodes,
+                    }
+                } else {
+                    Error::QuorumUnreachable {
+                        phase: PhaseName::Extend,
+                        granted: d.positive,
+                        required: d.needed,
+                        nodes,
+                    }
+                });
+            }
+            // The new validity counts from the extension's start, never from the old deadline.
+            let elapsed = started.elapsed();
+            let Some(left) = engine::validity(ttl, elapsed, self.config.drift_factor)
+                .filter(|left| *left > self.config.min_validity)
+            else {
+                return Err(Error::ValidityExhausted {
+                    phase: PhaseName::Extend,
+                    elapsed,
+                    ttl,
+                    drift,
+                    min_validity: self.config.min_validity,
+                });
+            };
+            lock.valid_until = started + elapsed + left;
+            Ok(())
+        }
+        .instrument(span)
+        .await
+    }
+
+    pub(crate) async fn release(&self, lock: Lock) -> Result<ReleaseReport, Error> {
+        let span = tracing::debug_span!("redlock.release", resources = ?&*lock.resources, token = %lock.token);
+        async {
+            let op = Arc::new(Op::Release {
+                keys: Arc::clone(&lock.keys),
+                token: lock.token.clone(),
+            });
+            let mut phase = Phase::start(
+                &self.backend,
+                PhaseName::Release,
+                op,
+                Goal::NoQuorumLeft,
+                None,
+            );
+            let d = phase.decided().await;
+            telemetry::release_done(d.success);
+            let nodes = d.reports(&*self.backend);
+            if d.success {
+                tracing::debug!(confirmed = d.positive, "released");
+                Ok(ReleaseReport { nodes })
+            } else {
+                Err(Error::QuorumUnreachable {
+                    phase: PhaseName::Release,
+                    granted: d.positive,
+                    required: d.needed,
+                    nodes,
+                })
+            }
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+/// A Redlock client over N independent Redis masters. Cheap to clone; `Send + Sync`.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), redlock::Error> {
+/// use std::time::Duration;
+/// let rl = redlock::Redlock::builder()
+///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+///     .ttl(Duration::from_secs(10))
+///     .build()?;
+/// let lock = rl.acquire("orders:42").await?;
+/// // … work that must finish before lock.valid_until() …
+/// rl.release(lock).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Redlock {
+    core: Arc<Core<RedisBackend>>,
+}
+
+impl std::fmt::Debug for Redlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self
+            .core
+            .backend
+            .nodes
+            .iter()
+            .map(|n| &**n.name())
+            .collect();
+        f.debug_struct("Redlock")
+            .field("nodes", &names)
+            .field("quorum", &self.quorum())
+            .field("config", &self.core.config)
+            .finish()
+    }
+}
+
+fn owned<I, S>(resources: I) -> Vec<String>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    resources
+        .into_iter()
+        .map(|s| s.as_ref().to_owned())
+        .collect()
+}
+
+impl Redlock {
+    /// Starts a builder.
+    pub fn builder() -> RedlockBuilder {
+        RedlockBuilder::default()
+    }
+
+    pub(crate) fn from_core(core: Core<RedisBackend>) -> Self {
+        Self {
+            core: Arc::new(core),
+        }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.core.config
+    }
+
+    /// Nodes that must grant: ⌊N/2⌋ + 1.
+    pub fn quorum(&self) -> usize {
+        self.core.quorum()
+    }
+
+    /// The nodes' display names, in configuration order.
+    pub fn node_names(&self) -> Vec<Arc<str>> {
+        self.core
+            .backend
+            .nodes
+            .iter()
+            .map(|n| n.name().clone())
+            .collect()
+    }
+
+    /// Acquires `resource`, retrying per the configured [`RetryPolicy`].
+    ///
+    /// # Errors
+    /// The last attempt's error: [`Error::Busy`], [`Error::QuorumUnreachable`] or
+    /// [`Error::ValidityExhausted`] when the policy is used up; [`Error::InvalidResource`]
+    /// at once for a bad name.
+    ///
+    /// # Cancel safety
+    /// Dropping the future abandons the attempt in flight: grants that arrive (or have arrived)
+    /// are released in the background, so keys live no longer than one node round trip more.
+    pub async fn acquire(&self, resource: &str) -> Result<Lock, Error> {
+        self.core
+            .acquire(vec![resource.to_owned()], &self.core.config.retry, None)
+            .await
+    }
+
+    /// Acquires several resources as one lock: on each node, all of them or none (one script
+    /// call). Retries per the configured policy.
+    ///
+    /// # Errors
+    /// As [`Redlock::acquire`]; also [`ResourceError::Duplicate`] and
+    /// [`ResourceError::TooMany`].
+    ///
+    /// # Cancel safety
+    /// As [`Redlock::acquire`].
+    pub async fn acquire_many<I, S>(&self, resources: I) -> Result<Lock, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.core
+            .acquire(owned(resources), &self.core.config.retry, None)
+            .await
+    }
+
+    /// Acquires with an explicit retry policy for this call.
+    ///
+    /// # Errors
+    /// As [`Redlock::acquire`], and [`Error::Config`] for an unbounded policy.
+    ///
+    /// # Cancel safety
+    /// As [`Redlock::acquire`].
+    pub async fn acquire_with<I, S>(
+        &self,
+        resources: I,
+        policy: &RetryPolicy,
+    ) -> Result<Lock, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        policy
+            .validate()
+            .map_err(crate::error::ConfigError::InvalidRetry)?;
+        self.core.acquire(owned(resources), policy, None).await
+    }
+
+    /// Exactly one attempt.
+    ///
+    /// # Errors
+    /// [`Error::Busy`], [`Error::QuorumUnreachable`], [`Error::ValidityExhausted`] or
+    /// [`Error::InvalidResource`].
+    ///
+    /// # Cancel safety
+    /// As [`Redlock::acquire`].
+    pub async fn try_acquire(&self, resource: &str) -> Result<Lock, Error> {
+        self.core
+            .acquire(vec![resource.to_owned()], &RetryPolicy::once(), None)
+            .await
+    }
+
+    /// Exactly one attempt on several resources (all-or-nothing per node).
+    ///
+    /// # Errors
+    /// As [`Redlock::try_acquire`].
+    ///
+    /// # Cancel safety
+    /// As [`Redlock::acquire`].
+    pub async fn try_acquire_many<I, S>(&self, resources: I) -> Result<Lock, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.core
+            .acquire(owned(resources), &RetryPolicy::once(), None)
+            .await
+    }
+
+    /// One attempt with a token you already hold — for example after an acquire whose outcome
+    /// was unknown, or after a restart of a process that persisted [`Token::expose`]. Nodes
+    /// where the key already holds this token re-arm it (idempotent); others grant if free.
+    ///
+    /// # Errors
+    /// As [`Redlock::try_acquire`].
+    ///
+    /// # Cancel safety
+    /// As [`Redlock::acquire`]; note that the cleanup of an abandoned attempt deletes keys
+    /// holding this token.
+    pub async fn try_acquire_with_token<I, S>(
+        &self,
+        resources: I,
+        token: &Token,
+    ) -> Result<Lock, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.core
+            .acquire(owned(resources), &RetryPolicy::once(), Some(token))
+            .await
+    }
+
+    /// Re-arms the lock's TTL on every node where it still holds our token. Succeeds when a
+    /// quorum extended it; the new validity counts from the start of this call.
+    ///
+    /// A failed extension never deletes anything: the lock keeps its previous
+    /// [`Lock::valid_until`], and [`Lock::remaining`] tells what is left.
+    ///
+    /// # Errors
+    /// [`Error::Lost`] when a quorum no longer holds our token, [`Error::QuorumUnreachable`]
+    /// when too many nodes failed, [`Error::ValidityExhausted`] when it took too long.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves the lock as it was locally; nodes that already ran the
+    /// extension keep the longer TTL (still owner-checked).
+    pub async fn extend(&self, lock: &mut Lock) -> Result<(), Error> {
+        self.core.extend(lock).await
+    }
+
+    /// Owner-checked delete on every node. Returns once enough nodes confirmed that no quorum
+    /// can still hold the lock; slower nodes finish in the background. Releasing a lock that
+    /// already expired is not an error (see [`ReleaseReport::was_expired`]).
+    ///
+    /// # Errors
+    /// [`Error::QuorumUnreachable`] when too many nodes failed to answer; the keys there
+    /// expire with their TTL.
+    ///
+    /// # Cancel safety
+    /// The deletes are sent by a background task; dropping the future does not stop them.
+    pub async fn release(&self, lock: Lock) -> Result<ReleaseReport, Error> {
+        self.core.release(lock).await
+    }
+
+    /// Opens the connection to every node now instead of on first use. Returns each node's
+    /// result (`Granted` = connected).
+    ///
+    /// # Cancel safety
+    /// Safe; a connection being opened is simply abandoned.
+    pub async fn connect(&self) -> Vec<NodeReport> {
+        let timeout = self.core.config.connect_timeout;
+        join_all(self.core.backend.nodes.iter().map(|n| async move {
+            let outcome = match tokio::time::timeout(timeout, n.connection()).await {
+                Ok(Ok(_)) => NodeOutcome::Granted,
+                Ok(Err(e)) => NodeOutcome::Failed(e),
+                Err(_) => NodeOutcome::TimedOut,
+            };
+            NodeReport {
+                node: n.name().clone(),
+                outcome,
+            }
+        }))
+        .await
+    }
+}

@@ -1,0 +1,206 @@
+//! Plain-data configuration with documented defaults.
+
+use std::time::Duration;
+
+/// Default lock time-to-live: 10 s.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
+/// Default clock drift factor: 1 % of the TTL (plus a constant 2 ms).
+pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
+/// Default per-node timeout for one request on an open connection: 50 ms.
+///
+/// Loopback and same-rack round trips are well under 1 ms; 50 ms tolerates a GC pause or a slow
+/// fsync on one node while keeping a hung node's cost far below the TTL.
+pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
+/// Default time allowed to open a connection (TCP, TLS, AUTH, script preload): 1 s.
+/// It is added to the node timeout only while a node has no open connection.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default minimum validity below which an acquisition counts as failed: 0 (any positive
+/// validity is accepted).
+pub const DEFAULT_MIN_VALIDITY: Duration = Duration::ZERO;
+/// Default key prefix: lock keys are `redlock:lock:<resource>`, the stamp key `redlock:stamp`.
+pub const DEFAULT_KEY_PREFIX: &str = "redlock:";
+/// Default maximum resource name length in bytes.
+pub const DEFAULT_MAX_RESOURCE_LEN: usize = 512;
+/// Maximum number of resources in one lock.
+pub const MAX_RESOURCES_PER_LOCK: usize = 64;
+/// Default number of attempts made by `acquire`.
+pub const DEFAULT_RETRY_ATTEMPTS: u32 = 10;
+/// Default base delay between attempts.
+pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(100);
+/// Default jitter: the delay is drawn uniformly from `delay ± jitter/2`.
+pub const DEFAULT_RETRY_JITTER: Duration = Duration::from_millis(100);
+
+/// Everything a [`Redlock`](crate::Redlock) needs besides its nodes.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Config {
+    /// Time-to-live of a lock on each node. Default: [`DEFAULT_TTL`].
+    pub ttl: Duration,
+    /// Drift allowance as a fraction of the TTL; 2 ms are always added.
+    /// Default: [`DEFAULT_DRIFT_FACTOR`].
+    pub drift_factor: f64,
+    /// Per-node bound on one request. Default: [`DEFAULT_NODE_TIMEOUT`].
+    pub node_timeout: Duration,
+    /// Bound on opening a connection. Default: [`DEFAULT_CONNECT_TIMEOUT`].
+    pub connect_timeout: Duration,
+    /// An acquisition whose validity is not above this fails with `ValidityExhausted`.
+    /// Default: [`DEFAULT_MIN_VALIDITY`].
+    pub min_validity: Duration,
+    /// How `acquire` retries. Default: [`RetryPolicy::default`].
+    pub retry: RetryPolicy,
+    /// Prefix of every key this crate writes. Default: [`DEFAULT_KEY_PREFIX`].
+    pub key_prefix: String,
+    /// Longest resource name accepted, in bytes. Default: [`DEFAULT_MAX_RESOURCE_LEN`].
+    pub max_resource_len: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            ttl: DEFAULT_TTL,
+            drift_factor: DEFAULT_DRIFT_FACTOR,
+            node_timeout: DEFAULT_NODE_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            min_validity: DEFAULT_MIN_VALIDITY,
+            retry: RetryPolicy::default(),
+            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
+            max_resource_len: DEFAULT_MAX_RESOURCE_LEN,
+        }
+    }
+}
+
+/// How [`Redlock::acquire`](crate::Redlock::acquire) retries a busy or unreachable lock.
+///
+/// Always bounded: by a number of attempts, a deadline, or both (whichever comes first).
+/// Between attempts it sleeps `delay ± jitter/2`, uniformly at random, so that contenders
+/// do not retry in lock-step. Each attempt uses a fresh token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RetryPolicy {
+    /// Maximum attempts including the first. Default: [`DEFAULT_RETRY_ATTEMPTS`].
+    pub max_attempts: Option<u32>,
+    /// No attempt starts after this much time since the call began. Default: none.
+    pub deadline: Option<Duration>,
+    /// Base delay between attempts. Default: [`DEFAULT_RETRY_DELAY`].
+    pub delay: Duration,
+    /// Width of the uniform jitter around `delay`. Default: [`DEFAULT_RETRY_JITTER`].
+    pub jitter: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: Some(DEFAULT_RETRY_ATTEMPTS),
+            deadline: None,
+            delay: DEFAULT_RETRY_DELAY,
+            jitter: DEFAULT_RETRY_JITTER,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Exactly one attempt.
+    pub fn once() -> Self {
+        Self::attempts(1)
+    }
+
+    /// At most `n` attempts, default delay and jitter.
+    pub fn attempts(n: u32) -> Self {
+        Self {
+            max_attempts: Some(n),
+            ..Self::default()
+        }
+    }
+
+    /// Attempts until `deadline` has passed since the call began (no attempt limit).
+    pub fn deadline(deadline: Duration) -> Self {
+        Self {
+            max_attempts: None,
+            deadline: Some(deadline),
+            ..Self::default()
+        }
+    }
+
+    /// Also bound by a deadline.
+    #[must_use]
+    pub fn with_deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// Sets the base delay and jitter.
+    #[must_use]
+    pub fn with_delay(mut self, delay: Duration, jitter: Duration) -> Self {
+        self.delay = delay;
+        self.jitter = jitter;
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        match (self.max_attempts, self.deadline) {
+            (None, None) => Err("set max_attempts, a deadline, or both".into()),
+            (Some(0), _) => Err("max_attempts must be at least 1".into()),
+            (_, Some(d)) if d.is_zero() => Err("deadline must be positive".into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// The pause before the next attempt, or `None` when the policy is used up.
+    /// `attempts` = attempts made so far, `spent` = time since the call began.
+    pub(crate) fn next_delay(
+        &self,
+        attempts: u32,
+        spent: Duration,
+        unit: f64, // uniform in [0, 1)
+    ) -> Option<Duration> {
+        if self.max_attempts.is_some_and(|max| attempts >= max) {
+            return None;
+        }
+        let half = self.jitter / 2;
+        let delay = self.delay.saturating_sub(half) + self.jitter.mul_f64(unit.clamp(0.0, 1.0));
+        match self.deadline {
+            Some(deadline) if spent + delay >= deadline => None,
+            _ => Some(delay),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_is_bounded_by_attempts_and_deadline() {
+        let p = RetryPolicy::attempts(3).with_delay(Duration::from_millis(100), Duration::ZERO);
+        assert_eq!(
+            p.next_delay(1, Duration::ZERO, 0.5),
+            Some(Duration::from_millis(100))
+        );
+        assert_eq!(p.next_delay(3, Duration::ZERO, 0.5), None);
+        let p = RetryPolicy::deadline(Duration::from_millis(250));
+        assert!(
+            p.next_delay(1_000_000, Duration::from_millis(100), 0.0)
+                .is_some()
+        );
+        assert_eq!(p.next_delay(1, Duration::from_millis(240), 0.0), None);
+        assert!(RetryPolicy::default().validate().is_ok());
+        let unbounded = RetryPolicy {
+            max_attempts: None,
+            ..RetryPolicy::default()
+        };
+        assert!(unbounded.validate().is_err());
+        assert!(RetryPolicy::attempts(0).validate().is_err());
+    }
+
+    #[test]
+    fn jitter_stays_in_range() {
+        let p = RetryPolicy::default();
+        for unit in [0.0, 0.25, 0.5, 0.999] {
+            let d = p.next_delay(1, Duration::ZERO, unit).unwrap();
+            assert!(
+                d >= Duration::from_millis(50) && d < Duration::from_millis(150),
+                "{d:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,317 @@
+//! The quorum engine: fan a request out to every node in parallel, decide as soon as the
+//! outcome is known, and keep folding in late answers in a spawned driver so nothing leaks.
+//!
+//! The driver owns the per-node futures, so dropping the caller's future never drops a request
+//! that may already have reached a node. When an acquire attempt is abandoned (failure,
+//! exhausted validity, or the caller's future dropped), every node that granted or whose outcome
+//! is unknown gets the cleanup request — immediately for nodes that already answered, and on
+//! arrival for late answers.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use tokio::sync::oneshot;
+
+use crate::backend::{Backend, Op, Reply};
+use crate::error::{NodeOutcome, NodeReport, Phase as PhaseName};
+use crate::telemetry;
+
+/// Which answers count towards the phase's goal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Goal {
+    /// Acquire and extend: a quorum of `Yes`.
+    Quorum,
+    /// Release: enough nodes *confirmed* not holding our key (deleted it or never had it) that
+    /// the rest cannot form a quorum: N − quorum + 1.
+    NoQuorumLeft,
+}
+
+/// The verdict rule, kept pure for the algorithm tests: success once `positive ≥ needed`,
+/// failure once even every pending node answering positively could not reach `needed`.
+pub(crate) fn verdict(positive: usize, pending: usize, needed: usize) -> Option<bool> {
+    if positive >= needed {
+        Some(true)
+    } else if positive + pending < needed {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// The quorum for `n` nodes: ⌊n/2⌋ + 1.
+pub(crate) fn quorum(n: usize) -> usize {
+    n / 2 + 1
+}
+
+/// How many confirmations `goal` needs out of `n` nodes.
+pub(crate) fn needed(goal: Goal, n: usize) -> usize {
+    match goal {
+        Goal::Quorum => quorum(n),
+        Goal::NoQuorumLeft => n - quorum(n) + 1,
+    }
+}
+
+/// Validity left after a phase that took `elapsed`: TTL − elapsed − (TTL·drift_factor + 2 ms).
+/// `None` when nothing positive is left.
+pub(crate) fn validity(ttl: Duration, elapsed: Duration, drift_factor: f64) -> Option<Duration> {
+    let left = ttl
+        .checked_sub(drift(ttl, drift_factor))?
+        .checked_sub(elapsed)?;
+    (!left.is_zero()).then_some(left)
+}
+
+/// The clock-drift allowance: TTL·drift_factor + 2 ms.
+pub(crate) fn drift(ttl: Duration, drift_factor: f64) -> Duration {
+    ttl.mul_f64(drift_factor) + Duration::from_millis(2)
+}
+
+/// What the caller learns when the phase is decided.
+#[derive(Debug)]
+pub(crate) struct Decision {
+    pub(crate) success: bool,
+    /// Answers so far; nodes still in flight are `Pending`.
+    pub(crate) outcomes: Vec<NodeOutcome>,
+    /// Claim stamps of the nodes that granted (acquire only).
+    pub(crate) stamps: Vec<Option<u64>>,
+    /// Nodes that counted towards the goal.
+    pub(crate) positive: usize,
+    pub(crate) needed: usize,
+}
+
+impl Decision {
+    pub(crate) fn reports<B: Backend>(&self, backend: &B) -> Vec<NodeReport> {
+        self.outcomes
+            .iter()
+            .enumerate()
+            .map(|(i, outcome)| NodeReport {
+                node: backend.name(i).clone(),
+                outcome: outcome.clone(),
+            })
+            .collect()
+    }
+
+    pub(crate) fn count(&self, f: impl Fn(&NodeOutcome) -> bool) -> usize {
+        self.outcomes.iter().filter(|o| f(o)).count()
+    }
+}
+
+struct State {
+    outcomes: Vec<NodeOutcome>,
+    stamps: Vec<Option<u64>>,
+    positive: usize,
+    pending: usize,
+    needed: usize,
+    goal: Goal,
+    tx: Option<oneshot::Sender<Decision>>,
+    abandoned: bool,
+    cleaned: Vec<bool>,
+}
+
+impl State {
+    /// Records node `i`'s answer; sends the decision the first time it is known. Returns whether
+    /// the node now needs the cleanup request (attempt abandoned and the node may hold our key).
+    fn settle(&mut self, i: usize, outcome: NodeOutcome, stamp: Option<u64>) -> bool {
+        let counts = match self.goal {
+            Goal::Quorum => matches!(outcome, NodeOutcome::Granted),
+            Goal::NoQuorumLeft => matches!(outcome, NodeOutcome::Granted | NodeOutcome::Refused),
+        };
+        self.positive += usize::from(counts);
+        self.pending -= 1;
+        self.stamps[i] = stamp;
+        self.outcomes[i] = outcome;
+        if self.tx.is_some() {
+            if let Some(success) = verdict(self.positive, self.pending, self.needed) {
+                let decision = Decision {
+                    success,
+                    outcomes: self.outcomes.clone(),
+                    stamps: self.stamps.clone(),
+                    positive: self.positive,
+                    needed: self.needed,
+                };
+                if let Some(tx) = self.tx.take() {
+                    // A closed receiver means the caller's future was dropped; its guard has
+                    // then marked the phase abandoned, which the return value below handles.
+                    let _ = tx.send(decision);
+                }
+            }
+        }
+        self.take_cleanup(i)
+    }
+
+    fn take_cleanup(&mut self, i: usize) -> bool {
+        let due = self.abandoned
+            && !self.cleaned[i]
+            && !matches!(self.outcomes[i], NodeOutcome::Pending)
+            && self.outcomes[i].may_hold();
+        self.cleaned[i] |= due;
+        due
+    }
+}
+
+/// A running phase. For phases with a cleanup request (acquire), dropping this value without
+/// calling [`Phase::keep`] abandons the attempt and releases every node that may hold it.
+pub(crate) struct Phase<B: Backend> {
+    backend: Arc<B>,
+    state: Arc<Mutex<State>>,
+    rx: oneshot::Receiver<Decision>,
+    cleanup: Option<Arc<Op>>,
+    name: PhaseName,
+}
+
+impl<B: Backend> std::fmt::Debug for Phase<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Phase").field("name", &self.name).finish()
+    }
+}
+
+fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<B: Backend> Phase<B> {
+    /// Sends `op` to every node from a spawned driver task. Must run inside a tokio runtime.
+    pub(crate) fn start(
+        backend: &Arc<B>,
+        name: PhaseName,
+        op: Arc<Op>,
+        goal: Goal,
+        cleanup: Option<Arc<Op>>,
+    ) -> Self {
+        let n = backend.len();
+        let (tx, rx) = oneshot::channel();
+        let state = Arc::new(Mutex::new(State {
+            outcomes: vec![NodeOutcome::Pending; n],
+            stamps: vec![None; n],
+            positive: 0,
+            pending: n,
+            needed: needed(goal, n),
+            goal,
+            tx: Some(tx),
+            abandoned: false,
+            cleaned: vec![false; n],
+        }));
+        // Build the request futures here, so they are created in the order and at the moment
+        // the caller asked; the driver only polls them.
+        let calls: FuturesUnordered<_> = (0..n)
+            .map(|i| {
+                let budget = backend.budget(i);
+                let call = backend.call(i, Arc::clone(&op));
+                async move { (i, tokio::time::timeout(budget, call).await) }
+            })
+            .collect();
+        tokio::spawn(drive(
+            Arc::clone(backend),
+            Arc::clone(&state),
+            calls,
+            cleanup.clone(),
+            name,
+        ));
+        Self {
+            backend: Arc::clone(backend),
+            state,
+            rx,
+            cleanup,
+            name,
+        }
+    }
+
+    /// Waits until the outcome is decided.
+    ///
+    /// Cancel safety: dropping this future (and the phase) abandons an acquire attempt; the
+    /// driver keeps running and releases whatever was granted.
+    pub(crate) async fn decided(&mut self) -> Decision {
+        match (&mut self.rx).await {
+            Ok(d) => d,
+            // The driver cannot drop the sender without sending unless it panicked; report
+            // every node as failed rather than hanging or panicking here.
+            Err(_) => {
+                let st = lock(&self.state);
+                Decision {
+                    success: false,
+                    outcomes: st.outcomes.clone(),
+                    stamps: st.stamps.clone(),
+                    positive: st.positive,
+                    needed: st.needed,
+                }
+            }
+        }
+    }
+
+    /// The attempt succeeded and the caller owns the result: late grants belong to the lock,
+    /// and the lock's release reaches every node.
+    pub(crate) fn keep(mut self) {
+        self.cleanup = None;
+    }
+
+    /// Gives up the attempt now (consumes the phase; same as dropping it).
+    pub(crate) fn abandon(self) {}
+}
+
+impl<B: Backend> Drop for Phase<B> {
+    fn drop(&mut self) {
+        let Some(cleanup) = self.cleanup.take() else {
+            return;
+        };
+        let targets: Vec<usize> = {
+            let mut st = lock(&self.state);
+            st.abandoned = true;
+            (0..st.outcomes.len())
+                .filter(|&i| st.take_cleanup(i))
+                .collect()
+        };
+        for i in targets {
+            send_cleanup(&self.backend, i, Arc::clone(&cleanup), self.name);
+        }
+    }
+}
+
+/// Sends the cleanup request to node `i` in the background (bounded by the node's budget).
+/// Outside a runtime (e.g. while it shuts down) nothing can be sent; the key then expires
+/// with its TTL.
+fn send_cleanup<B: Backend>(backend: &Arc<B>, i: usize, op: Arc<Op>, phase: PhaseName) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(node = %backend.name(i), "no runtime to release an abandoned grant; it expires with its TTL");
+        return;
+    };
+    let budget = backend.budget(i);
+    let call = backend.call(i, op);
+    let node = backend.name(i).clone();
+    rt.spawn(async move {
+        let result = tokio::time::timeout(budget, call).await;
+        telemetry::cleanup(&node, phase, &result);
+    });
+}
+
+async fn drive<B: Backend, F>(
+    backend: Arc<B>,
+    state: Arc<Mutex<State>>,
+    mut calls: FuturesUnordered<F>,
+    cleanup: Option<Arc<Op>>,
+    phase: PhaseName,
+) where
+    F: std::future::Future<
+            Output = (
+                usize,
+                Result<Result<Reply, crate::error::NodeError>, tokio::time::error::Elapsed>,
+            ),
+        >,
+{
+    while let Some((i, result)) = calls.next().await {
+        let (outcome, stamp) = match result {
+            Ok(Ok(Reply::Yes { stamp_us })) => (NodeOutcome::Granted, stamp_us),
+            Ok(Ok(Reply::No)) => (NodeOutcome::Refused, None),
+            Ok(Err(e)) => (NodeOutcome::Failed(e), None),
+            Err(_) => (NodeOutcome::TimedOut, None),
+        };
+        telemetry::node_outcome(backend.name(i), phase, &outcome);
+        let needs_cleanup = lock(&state).settle(i, outcome, stamp);
+        if let (true, Some(op)) = (needs_cleanup, &cleanup) {
+            send_cleanup(&backend, i, Arc::clone(op), phase);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,415 @@
+//! Algorithm tests on scripted fake nodes with paused time: every combination of per-node
+//! behaviour on 5 nodes × cancellation points, checked against the protocol's invariants.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use tokio::time::Instant;
+
+use super::*;
+use crate::backend::{Backend, Op, Reply};
+use crate::client::Core;
+use crate::config::{Config, RetryPolicy};
+use crate::error::{Error, NodeError, NodeErrorKind};
+
+const NODE_TIMEOUT: Duration = Duration::from_millis(50);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Behaviour {
+    /// Answers yes after 1 ms.
+    Grant,
+    /// Another owner holds the key: answers no after 1 ms, writes nothing.
+    Refuse,
+    /// Applies the command, then the reply is lost to a connection error (unknown outcome).
+    Fail,
+    /// Applies and answers after 20 ms (inside the node timeout).
+    Slow,
+    /// Applies and answers after 80 ms (after the node timeout): a late grant.
+    Late,
+    /// Never answers and never applies anything (dead or partitioned).
+    Hang,
+}
+
+const ALL: [Behaviour; 6] = [
+    Behaviour::Grant,
+    Behaviour::Refuse,
+    Behaviour::Fail,
+    Behaviour::Slow,
+    Behaviour::Late,
+    Behaviour::Hang,
+];
+
+impl Behaviour {
+    fn latency(self) -> Option<Duration> {
+        match self {
+            Self::Grant | Self::Refuse | Self::Fail => Some(Duration::from_millis(1)),
+            Self::Slow => Some(Duration::from_millis(20)),
+            Self::Late => Some(Duration::from_millis(80)),
+            Self::Hang => None,
+        }
+    }
+}
+
+#[derive(Default)]
+struct NodeData {
+    /// key -> token
+    keys: HashMap<String, String>,
+    /// Time at which the last queued command applies: commands on one connection apply in order.
+    last_apply: Option<Instant>,
+    acquires: usize,
+    releases: usize,
+    stamp: u64,
+}
+
+struct FakeBackend {
+    names: Vec<Arc<str>>,
+    behaviour: Vec<Behaviour>,
+    data: Vec<Arc<Mutex<NodeData>>>,
+}
+
+impl FakeBackend {
+    fn new(behaviour: &[Behaviour]) -> Self {
+        Self {
+            names: (0..behaviour.len())
+                .map(|i| Arc::from(format!("fake{i}")))
+                .collect(),
+            behaviour: behaviour.to_vec(),
+            data: (0..behaviour.len()).map(|_| Arc::default()).collect(),
+        }
+    }
+
+    /// Nodes on which some key holds `token`.
+    fn holding(&self, token: &str) -> Vec<usize> {
+        (0..self.data.len())
+            .filter(|&i| {
+                self.data[i]
+                    .lock()
+                    .unwrap()
+                    .keys
+                    .values()
+                    .any(|t| t == token)
+            })
+            .collect()
+    }
+}
+
+fn apply(d: &mut NodeData, op: &Op, refuse: bool) -> Reply {
+    match op {
+        Op::Acquire { keys, token, .. } => {
+            d.acquires += 1;
+            let free = keys
+                .iter()
+                .all(|k| d.keys.get(k).is_none_or(|t| t == token.expose()));
+            if refuse || !free {
+                return Reply::No;
+            }
+            for k in keys.iter() {
+                d.keys.insert(k.clone(), token.expose().to_owned());
+            }
+            d.stamp += 1;
+            Reply::Yes {
+                stamp_us: Some(d.stamp),
+            }
+        }
+        Op::Extend { keys, token, .. } => {
+            if keys
+                .iter()
+                .all(|k| d.keys.get(k).map(String::as_str) == Some(token.expose()))
+            {
+                Reply::Yes { stamp_us: None }
+            } else {
+                Reply::No
+            }
+        }
+        Op::Release { keys, token } => {
+            d.releases += 1;
+            let mut n = 0;
+            for k in keys.iter() {
+                if d.keys.get(k).map(String::as_str) == Some(token.expose()) {
+                    d.keys.remove(k);
+                    n += 1;
+                }
+            }
+            if n > 0 {
+                Reply::Yes { stamp_us: None }
+            } else {
+                Reply::No
+            }
+        }
+    }
+}
+
+impl Backend for FakeBackend {
+    fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    fn name(&self, i: usize) -> &Arc<str> {
+        &self.names[i]
+    }
+
+    fn budget(&self, _: usize) -> Duration {
+        NODE_TIMEOUT
+    }
+
+    fn call(&self, i: usize, op: Arc<Op>) -> BoxFuture<'static, Result<Reply, NodeError>> {
+        let behaviour = self.behaviour[i];
+        let data = Arc::clone(&self.data[i]);
+        let Some(latency) = behaviour.latency() else {
+            return futures_util::future::pending().boxed();
+        };
+        // Fix the apply time now, in call order, like a pipelined connection does.
+        let apply_at = {
+            let mut d = data.lock().unwrap();
+            let at = (Instant::now() + latency).max(d.last_apply.unwrap_or_else(Instant::now));
+            d.last_apply = Some(at);
+            at
+        };
+        async move {
+            tokio::time::sleep_until(apply_at).await;
+            let reply = apply(
+                &mut data.lock().unwrap(),
+                &op,
+                behaviour == Behaviour::Refuse,
+            );
+            if behaviour == Behaviour::Fail {
+                Err(NodeError::new(NodeErrorKind::Io, "connection reset"))
+            } else {
+                Ok(reply)
+            }
+        }
+        .boxed()
+    }
+}
+
+fn core(behaviour: &[Behaviour], ttl: Duration) -> Core<FakeBackend> {
+    let config = Config {
+        ttl,
+        node_timeout: NODE_TIMEOUT,
+        retry: RetryPolicy::once(),
+        ..Config::default()
+    };
+    Core::new(config, FakeBackend::new(behaviour))
+}
+
+fn combos(n: usize) -> Vec<Vec<Behaviour>> {
+    let mut out = vec![vec![]];
+    for _ in 0..n {
+        out = out
+            .into_iter()
+            .flat_map(|prefix| {
+                ALL.iter().map(move |b| {
+                    let mut v = prefix.clone();
+                    v.push(*b);
+                    v
+                })
+            })
+            .collect();
+    }
+    out
+}
+
+/// Lets every in-flight request, late answer and background cleanup finish.
+async fn settle() {
+    tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
+async fn check(behaviour: &[Behaviour], ttl: Duration, cancel_at: Option<Duration>) {
+    let core = core(behaviour, ttl);
+    let fast_yes = behaviour
+        .iter()
+        .filter(|b| matches!(b, Behaviour::Grant | Behaviour::Slow))
+        .count();
+    let start = Instant::now();
+    let once = RetryPolicy::once();
+    let fut = core.acquire(vec!["r".into()], &once, None);
+    let result = match cancel_at {
+        Some(at) => match tokio::time::timeout(at, fut).await {
+            Ok(r) => Some(r),
+            Err(_) => None, // the acquire future was dropped mid-flight
+        },
+        None => Some(fut.await),
+    };
+    let elapsed = start.elapsed();
+    let drift = drift(ttl, 0.01);
+    let ctx = format!("{behaviour:?} ttl={ttl:?} cancel={cancel_at:?}");
+    match result {
+        Some(Ok(lock)) => {
+            assert!(fast_yes >= 3, "success without a quorum of grants: {ctx}");
+            assert!(elapsed < ttl - drift, "success with no validity: {ctx}");
+            assert!(lock.remaining() > Duration::ZERO, "{ctx}");
+            assert!(
+                lock.remaining() <= ttl - drift - elapsed,
+                "validity too long: {ctx}"
+            );
+            assert!(lock.claims().len() >= 3, "{ctx}");
+            let token = lock.token().expose().to_owned();
+            let released = core.release(lock).await;
+            let confirm = behaviour
+                .iter()
+                .filter(|b| !matches!(b, Behaviour::Fail | Behaviour::Hang | Behaviour::Late))
+                .count();
+            assert_eq!(released.is_ok(), confirm >= 3, "release verdict: {ctx}");
+            settle().await;
+            assert_eq!(
+                core.backend.holding(&token),
+                Vec::<usize>::new(),
+                "leak after release: {ctx}"
+            );
+        }
+        Some(Err(e)) => {
+            match &e {
+                Error::Busy { .. } | Error::QuorumUnreachable { .. } => {
+                    assert!(e.nodes().len() == 5, "{ctx}");
+                }
+                Error::ValidityExhausted { .. } => assert!(fast_yes >= 3, "{ctx}"),
+                other => panic!("unexpected error {other:?}: {ctx}"),
+            }
+            if fast_yes >= 3 {
+                assert!(
+                    matches!(e, Error::ValidityExhausted { .. }),
+                    "a quorum granted in time but acquire failed with {e}: {ctx}"
+                );
+            }
+            settle().await;
+            assert_no_keys(&core, &ctx);
+        }
+        None => {
+            settle().await;
+            assert_no_keys(&core, &ctx);
+        }
+    }
+}
+
+fn assert_no_keys(core: &Core<FakeBackend>, ctx: &str) {
+    for (i, d) in core.backend.data.iter().enumerate() {
+        let d = d.lock().unwrap();
+        assert!(
+            d.keys.is_empty(),
+            "node {i} still holds {:?}: {ctx}",
+            d.keys
+        );
+        if d.acquires > 0 && core.backend.behaviour[i] != Behaviour::Refuse {
+            assert!(
+                d.releases > 0,
+                "node {i} got an acquire but no release: {ctx}"
+            );
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn matrix_of_node_behaviours_and_cancellation_points() {
+    let cancels = [
+        None,
+        Some(Duration::ZERO),
+        Some(Duration::from_millis(5)),
+        Some(Duration::from_millis(30)),
+        Some(Duration::from_millis(60)),
+    ];
+    let mut runs = 0;
+    for behaviour in combos(5) {
+        for cancel in cancels {
+            check(&behaviour, Duration::from_secs(1), cancel).await;
+            runs += 1;
+        }
+        // A TTL so short that a 20 ms answer exhausts the validity (21 ms − 2.21 ms drift).
+        check(&behaviour, Duration::from_millis(21), None).await;
+        runs += 1;
+    }
+    assert_eq!(runs, 6usize.pow(5) * 6);
+}
+
+#[test]
+fn verdict_is_decided_exactly_when_the_count_allows() {
+    for needed in 1..=4 {
+        for positive in 0..=7 {
+            for pending in 0..=7 {
+                let v = verdict(positive, pending, needed);
+                assert_eq!(v == Some(true), positive >= needed);
+                assert_eq!(
+                    v == Some(false),
+                    positive < needed && positive + pending < needed
+                );
+            }
+        }
+    }
+    assert_eq!(quorum(1), 1);
+    assert_eq!(quorum(4), 3);
+    assert_eq!(quorum(5), 3);
+    assert_eq!(needed(Goal::NoQuorumLeft, 5), 3);
+    assert_eq!(needed(Goal::NoQuorumLeft, 4), 2);
+}
+
+#[test]
+fn validity_subtracts_elapsed_and_drift() {
+    let ttl = Duration::from_secs(10);
+    assert_eq!(
+        validity(ttl, Duration::from_millis(98), 0.01),
+        Some(Duration::from_millis(10_000 - 98 - 100 - 2))
+    );
+    assert_eq!(validity(ttl, Duration::from_millis(9_898), 0.01), None);
+    assert_eq!(validity(ttl, Duration::from_secs(11), 0.01), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_extend_never_deletes_and_reports_lost() {
+    use Behaviour::*;
+    let core = core(
+        &[Grant, Grant, Grant, Refuse, Refuse],
+        Duration::from_secs(1),
+    );
+    let mut lock = core
+        .acquire(vec!["r".into()], &RetryPolicy::once(), None)
+        .await
+        .unwrap();
+    let before = lock.valid_until;
+    // Another owner takes over two of the three nodes we hold.
+    for i in 0..2 {
+        core.backend.data[i]
+            .lock()
+            .unwrap()
+            .keys
+            .insert("redlock:lock:r".into(), "someone-else".into());
+    }
+    let err = core.extend(&mut lock).await.unwrap_err();
+    assert!(err.is_lost(), "{err}");
+    assert_eq!(
+        lock.valid_until, before,
+        "a failed extend must not change the lock"
+    );
+    assert_eq!(core.backend.holding(lock.token().expose()), vec![2]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retries_are_bounded_by_attempts_and_deadline() {
+    use Behaviour::*;
+    let core = core(
+        &[Refuse, Refuse, Refuse, Grant, Grant],
+        Duration::from_secs(1),
+    );
+    let policy = RetryPolicy::attempts(4).with_delay(Duration::from_millis(100), Duration::ZERO);
+    let start = Instant::now();
+    let err = core
+        .acquire(vec!["r".into()], &policy, None)
+        .await
+        .unwrap_err();
+    assert!(err.is_busy(), "{err}");
+    assert_eq!(core.backend.data[0].lock().unwrap().acquires, 4);
+    assert!(start.elapsed() >= Duration::from_millis(300));
+
+    let core = self::core(&[Hang, Hang, Hang, Grant, Grant], Duration::from_secs(1));
+    let policy = RetryPolicy::deadline(Duration::from_millis(500))
+        .with_delay(Duration::from_millis(100), Duration::ZERO);
+    let start = Instant::now();
+    let err = core
+        .acquire(vec!["r".into()], &policy, None)
+        .await
+        .unwrap_err();
+    assert!(err.is_quorum_unreachable(), "{err}");
+    assert!(start.elapsed() < Duration::from_millis(500) + NODE_TIMEOUT);
+    assert!(core.backend.data[3].lock().unwrap().acquires >= 3);
+}

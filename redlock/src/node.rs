@@ -1,0 +1,385 @@
+//! Real Redis nodes: lazy multiplexed connections, preloaded scripts, `EVALSHA` with an `EVAL`
+//! fallback, and error messages scrubbed of secrets.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
+
+use crate::backend::{Backend, Op, Reply};
+use crate::error::{NodeError, NodeErrorKind};
+use crate::scripts::{self, LuaScript};
+
+/// A parsed, validated node address.
+#[derive(Clone)]
+pub(crate) struct NodeSpec {
+    pub(crate) name: Arc<str>,
+    /// `host:port` or socket path plus db, used to detect duplicates.
+    pub(crate) identity: String,
+    pub(crate) info: ConnectionInfo,
+    pub(crate) tls: bool,
+}
+
+impl std::fmt::Debug for NodeSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeSpec")
+            .field("name", &self.name)
+            .field("tls", &self.tls)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodeSpec {
+    /// Parses `redis://[user[:password]@]host[:port][/db]`, `rediss://…` or `redis+unix://…`.
+    /// On failure returns a reason that never contains the password.
+    pub(crate) fn parse(url: &str, name: Option<&str>) -> Result<Self, String> {
+        let url = url.trim();
+        if url.is_empty() {
+            return Err("empty URL".into());
+        }
+        let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
+        if !matches!(scheme, "redis" | "rediss" | "redis+unix" | "unix") {
+            return Err("expected a redis://, rediss:// or redis+unix:// URL".into());
+        }
+        let password = url_password(url);
+        let info = url.into_connection_info().map_err(|e| {
+            scrub(
+                &format!("not a valid Redis URL ({e})"),
+                &[password.as_deref()],
+            )
+        })?;
+        let db = info.redis_settings().db();
+        let (identity, default_name, tls) = match info.addr() {
+            ConnectionAddr::Tcp(host, port) => {
+                let hp = format!("{}:{port}", host.to_ascii_lowercase());
+                (format!("{hp}/{db}"), hp, false)
+            }
+            ConnectionAddr::TcpTls { host, port, .. } => {
+                let hp = format!("{}:{port}", host.to_ascii_lowercase());
+                (format!("{hp}/{db}"), hp, true)
+            }
+            ConnectionAddr::Unix(path) => {
+                let p = path.display().to_string();
+                (format!("{p}/{db}"), p, false)
+            }
+            _ => return Err("unsupported address type".into()),
+        };
+        if tls && !cfg!(feature = "tls") {
+            return Err("rediss:// needs the `tls` feature of the redlock crate".into());
+        }
+        let info = info.set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+        Ok(Self {
+            name: name.map_or_else(|| default_name.into(), Into::into),
+            identity,
+            info,
+            tls,
+        })
+    }
+}
+
+/// The password part of a URL's userinfo, if any (best effort, used only for scrubbing).
+fn url_password(url: &str) -> Option<String> {
+    let rest = url.split_once("://")?.1;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let (userinfo, _) = authority.rsplit_once('@')?;
+    let (_, pw) = userinfo.split_once(':')?;
+    (!pw.is_empty()).then(|| pw.to_owned())
+}
+
+/// `url` with the password in its userinfo replaced by `***`.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            let masked = if userinfo.contains(':') {
+                format!("{user}:***")
+            } else {
+                user.to_owned()
+            };
+            format!("{scheme}://{masked}@{host}{tail}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// Replaces every occurrence of each secret in `text` with `***`.
+pub(crate) fn scrub(text: &str, secrets: &[Option<&str>]) -> String {
+    let mut out = text.to_owned();
+    for s in secrets.iter().flatten() {
+        if s.len() >= 3 {
+            out = out.replace(s, "***");
+        }
+    }
+    out
+}
+
+/// One Redis master with a lazily created, shared multiplexed connection.
+pub(crate) struct RedisNode {
+    name: Arc<str>,
+    client: Client,
+    password: Option<String>,
+    config: AsyncConnectionConfig,
+    conn: Mutex<Option<MultiplexedConnection>>,
+    connecting: tokio::sync::Mutex<()>,
+}
+
+impl RedisNode {
+    pub(crate) fn new(
+        spec: &NodeSpec,
+        connect_timeout: Duration,
+        tls_root_ca: Option<&[u8]>,
+    ) -> Result<Self, String> {
+        let password = spec.info.redis_settings().password().map(str::to_owned);
+        let client = match (spec.tls, tls_root_ca) {
+            #[cfg(feature = "tls")]
+            (true, Some(ca)) => {
+                // Without a process-wide provider rustls cannot build a client config; ignore
+                // the error when the application already installed one.
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                Client::build_with_tls(
+                    spec.info.clone(),
+                    redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(ca.to_vec()),
+                    },
+                )
+            }
+            _ => {
+                #[cfg(feature = "tls")]
+                if spec.tls {
+                    let _ = rustls::crypto::ring::default_provider().install_default();
+                }
+                Client::open(spec.info.clone())
+            }
+        }
+        .map_err(|e| scrub(&e.to_string(), &[password.as_deref()]))?;
+        // Our own per-node timeout bounds every call; the client must not race it with a
+        // response timeout of its own (which would also drop the reply we wait for).
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(None);
+        Ok(Self {
+            name: spec.name.clone(),
+            client,
+            password,
+            config,
+            conn: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    pub(crate) fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    fn cached(&self) -> Option<MultiplexedConnection> {
+        self.conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn is_connected(&self) -> bool {
+        self.conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+
+    /// The shared connection, opened (once, for all concurrent callers) when missing.
+    pub(crate) async fn connection(&self) -> Result<MultiplexedConnection, NodeError> {
+        if let Some(c) = self.cached() {
+            return Ok(c);
+        }
+        let _one_at_a_time = self.connecting.lock().await;
+        if let Some(c) = self.cached() {
+            return Ok(c);
+        }
+        let mut conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await
+            .map_err(|e| self.node_error(&e, None))?;
+        let mut load = redis::pipe();
+        for s in scripts::all() {
+            load.cmd("SCRIPT").arg("LOAD").arg(s.source);
+        }
+        let _: Vec<String> = load
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.node_error(&e, None))?;
+        *self.conn.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
+        tracing::debug!(node = %self.name, "connected");
+        Ok(conn)
+    }
+
+    /// Forgets a connection that failed, so the next call reconnects.
+    fn invalidate(&self) {
+        self.conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+    }
+
+    fn node_error(&self, e: &redis::RedisError, token: Option<&str>) -> NodeError {
+        let kind = match e.code() {
+            Some("WRONGPASS" | "NOAUTH" | "NOPERM") => NodeErrorKind::Auth,
+            _ if e.is_connection_refusal() => NodeErrorKind::Connect,
+            _ if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() => {
+                NodeErrorKind::Io
+            }
+            Some(_) => NodeErrorKind::Server,
+            None => NodeErrorKind::Io,
+        };
+        NodeError::new(
+            kind,
+            scrub(&e.to_string(), &[self.password.as_deref(), token]),
+        )
+    }
+
+    async fn eval(
+        &self,
+        script: &LuaScript,
+        keys: &[&str],
+        args: &[&str],
+        token: &str,
+    ) -> Result<i64, NodeError> {
+        let mut conn = self.connection().await?;
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&script.sha).arg(keys.len()).arg(keys).arg(args);
+        let res: redis::RedisResult<i64> = cmd.query_async(&mut conn).await;
+        let res = match res {
+            Err(e) if e.code() == Some("NOSCRIPT") => {
+                // The node lost its script cache (restart, SCRIPT FLUSH): EVAL also reloads it.
+                let mut cmd = redis::cmd("EVAL");
+                cmd.arg(script.source).arg(keys.len()).arg(keys).arg(args);
+                cmd.query_async(&mut conn).await
+            }
+            other => other,
+        };
+        res.map_err(|e| {
+            if e.is_unrecoverable_error() || e.is_connection_dropped() || e.is_io_error() {
+                self.invalidate();
+            }
+            self.node_error(&e, Some(token))
+        })
+    }
+
+    pub(crate) async fn run(&self, op: &Op) -> Result<Reply, NodeError> {
+        match op {
+            Op::Acquire {
+                stamp_key,
+                keys,
+                token,
+                ttl_ms,
+            } => {
+                let mut all: Vec<&str> = Vec::with_capacity(keys.len() + 1);
+                all.push(stamp_key);
+                all.extend(keys.iter().map(String::as_str));
+                let ttl = ttl_ms.to_string();
+                let t = token.expose();
+                let stamp = self.eval(&scripts::ACQUIRE, &all, &[t, &ttl], t).await?;
+                Ok(match u64::try_from(stamp) {
+                    Ok(s) if s > 0 => Reply::Yes { stamp_us: Some(s) },
+                    _ => Reply::No,
+                })
+            }
+            Op::Extend {
+                keys,
+                token,
+                ttl_ms,
+            } => {
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let ttl = ttl_ms.to_string();
+                let t = token.expose();
+                let n = self.eval(&scripts::EXTEND, &keys, &[t, &ttl], t).await?;
+                Ok(if n > 0 {
+                    Reply::Yes { stamp_us: None }
+                } else {
+                    Reply::No
+                })
+            }
+            Op::Release { keys, token } => {
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let t = token.expose();
+                let n = self.eval(&scripts::RELEASE, &keys, &[t], t).await?;
+                Ok(if n > 0 {
+                    Reply::Yes { stamp_us: None }
+                } else {
+                    Reply::No
+                })
+            }
+        }
+    }
+}
+
+/// The production backend: N independent Redis masters.
+pub(crate) struct RedisBackend {
+    pub(crate) nodes: Vec<Arc<RedisNode>>,
+    pub(crate) node_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+}
+
+impl Backend for RedisBackend {
+    fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    fn name(&self, i: usize) -> &Arc<str> {
+        self.nodes[i].name()
+    }
+
+    fn budget(&self, i: usize) -> Duration {
+        if self.nodes[i].is_connected() {
+            self.node_timeout
+        } else {
+            self.connect_timeout + self.node_timeout
+        }
+    }
+
+    fn call(&self, i: usize, op: Arc<Op>) -> BoxFuture<'static, Result<Reply, NodeError>> {
+        let node = Arc::clone(&self.nodes[i]);
+        async move { node.run(&op).await }.boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redaction_hides_passwords() {
+        assert_eq!(
+            redact_url("redis://alice:s3cret@host:6379/2"),
+            "redis://alice:***@host:6379/2"
+        );
+        assert_eq!(redact_url("redis://:pw@h:1"), "redis://:***@h:1");
+        assert_eq!(redact_url("redis://h:1"), "redis://h:1");
+        assert_eq!(redact_url("rediss://u@h"), "rediss://u@h");
+        assert_eq!(
+            url_password("redis://a:b%40c@h:1/0").as_deref(),
+            Some("b%40c")
+        );
+    }
+
+    #[test]
+    fn parse_names_and_rejects() {
+        let s = NodeSpec::parse("redis://127.0.0.1:7001", None).unwrap();
+        assert_eq!(&*s.name, "127.0.0.1:7001");
+        let s = NodeSpec::parse("redis://u:pw@Host:7002/3", Some("n2")).unwrap();
+        assert_eq!(&*s.name, "n2");
+        assert_eq!(s.identity, "host:7002/3");
+        assert!(NodeSpec::parse("", None).is_err());
+        assert!(NodeSpec::parse("http://x", None).is_err());
+        let e = NodeSpec::parse("redis://u:topsecret@h:notaport", None).unwrap_err();
+        assert!(!e.contains("topsecret"), "{e}");
+    }
+}

@@ -1,0 +1,81 @@
+//! `tracing` events and `metrics` facade calls, in one place so names stay consistent.
+//!
+//! Metric names (all prefixed `redlock_`):
+//! - `redlock_acquire_seconds` (histogram, label `outcome`): wall time of `acquire`/`try_acquire`
+//!   including retries.
+//! - `redlock_acquire_attempts` (histogram): attempts per call.
+//! - `redlock_acquire_total` (counter, label `outcome`: `acquired`, `busy`, `unreachable`,
+//!   `exhausted`, `error`).
+//! - `redlock_contention_total` (counter): attempts refused because another owner held the lock.
+//! - `redlock_node_errors_total` / `redlock_node_timeouts_total` (counters, labels `node`, `phase`).
+//! - `redlock_extend_total`, `redlock_release_total` (counters, label `outcome`).
+//! - `redlock_cleanup_total` (counter, label `outcome`): background releases of abandoned grants.
+
+use std::time::Duration;
+
+use crate::backend::Reply;
+use crate::error::{Error, NodeError, NodeOutcome, Phase};
+
+pub(crate) fn node_outcome(node: &str, phase: Phase, outcome: &NodeOutcome) {
+    match outcome {
+        NodeOutcome::Failed(e) => {
+            tracing::debug!(node, %phase, kind = ?e.kind(), error = %e, "node error");
+            metrics::counter!("redlock_node_errors_total", "node" => node.to_owned(), "phase" => phase_label(phase)).increment(1);
+        }
+        NodeOutcome::TimedOut => {
+            tracing::debug!(node, %phase, "node timed out");
+            metrics::counter!("redlock_node_timeouts_total", "node" => node.to_owned(), "phase" => phase_label(phase)).increment(1);
+        }
+        other => tracing::trace!(node, %phase, outcome = %other, "node answered"),
+    }
+}
+
+pub(crate) fn cleanup(
+    node: &str,
+    phase: Phase,
+    result: &Result<Result<Reply, NodeError>, tokio::time::error::Elapsed>,
+) {
+    let outcome = match result {
+        Ok(Ok(Reply::Yes { .. })) => "released",
+        Ok(Ok(Reply::No)) => "not_held",
+        Ok(Err(_)) => "error",
+        Err(_) => "timeout",
+    };
+    tracing::debug!(node, %phase, outcome, "released abandoned grant");
+    metrics::counter!("redlock_cleanup_total", "outcome" => outcome).increment(1);
+}
+
+pub(crate) fn acquire_done(result: &Result<(), &Error>, attempts: u32, took: Duration) {
+    let outcome = match result {
+        Ok(()) => "acquired",
+        Err(Error::Busy { .. }) => "busy",
+        Err(Error::QuorumUnreachable { .. }) => "unreachable",
+        Err(Error::ValidityExhausted { .. }) => "exhausted",
+        Err(_) => "error",
+    };
+    metrics::counter!("redlock_acquire_total", "outcome" => outcome).increment(1);
+    metrics::histogram!("redlock_acquire_seconds", "outcome" => outcome).record(took.as_secs_f64());
+    metrics::histogram!("redlock_acquire_attempts").record(f64::from(attempts));
+}
+
+pub(crate) fn contention() {
+    metrics::counter!("redlock_contention_total").increment(1);
+}
+
+pub(crate) fn extend_done(ok: bool) {
+    metrics::counter!("redlock_extend_total", "outcome" => if ok { "extended" } else { "failed" })
+        .increment(1);
+}
+
+pub(crate) fn release_done(ok: bool) {
+    metrics::counter!("redlock_release_total", "outcome" => if ok { "released" } else { "failed" })
+        .increment(1);
+}
+
+fn phase_label(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Acquire => "acquire",
+        Phase::Extend => "extend",
+        Phase::Release => "release",
+    }
+}
