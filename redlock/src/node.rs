@@ -231,6 +231,7 @@ impl RedisNode {
 
     fn node_error(&self, e: &redis::RedisError, token: Option<&str>) -> NodeError {
         let kind = match e.code() {
+            _ if e.kind() == redis::ErrorKind::AuthenticationFailed => NodeErrorKind::Auth,
             Some("WRONGPASS" | "NOAUTH" | "NOPERM") => NodeErrorKind::Auth,
             _ if e.is_connection_refusal() => NodeErrorKind::Connect,
             _ if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() => {

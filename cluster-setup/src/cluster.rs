@@ -1,0 +1,182 @@
+//! A set of independent redis-server masters.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+
+use crate::config::{NodeConfig, Persistence, TlsFiles};
+use crate::node::{RedisNode, find_redis_server};
+
+/// Default number of nodes of [`ClusterBuilder`].
+pub const DEFAULT_NODES: usize = 5;
+
+/// Per-node bound of [`Cluster::keys`]: an unreachable node is skipped after this long.
+const KEYS_TIMEOUT: Duration = Duration::from_millis(300);
+
+/// Builds a [`Cluster`]. Obtain one with [`Cluster::builder`].
+#[must_use]
+#[derive(Clone, Debug)]
+pub struct ClusterBuilder {
+    nodes: usize,
+    proxied: bool,
+    persistence: Persistence,
+    args: Vec<(String, String)>,
+    tls: Option<TlsFiles>,
+}
+
+impl Default for ClusterBuilder {
+    fn default() -> Self {
+        ClusterBuilder {
+            nodes: DEFAULT_NODES,
+            proxied: false,
+            persistence: Persistence::default(),
+            args: Vec::new(),
+            tls: None,
+        }
+    }
+}
+
+impl ClusterBuilder {
+    /// Number of independent masters. Default: [`DEFAULT_NODES`] (5).
+    pub fn nodes(mut self, n: usize) -> Self {
+        self.nodes = n;
+        self
+    }
+
+    /// Puts a [`FaultProxy`](crate::FaultProxy) in front of every node;
+    /// [`RedisNode::client_url`] then points at the proxy. Default: `false`.
+    pub fn proxied(mut self, yes: bool) -> Self {
+        self.proxied = yes;
+        self
+    }
+
+    /// How nodes persist data. Default: [`Persistence::None`].
+    pub fn persistence(mut self, p: Persistence) -> Self {
+        self.persistence = p;
+        self
+    }
+
+    /// Extra `--name value` argument for every node, e.g. `.arg("requirepass", "x")`.
+    /// A leading `--` on `name` is accepted and ignored.
+    pub fn arg(mut self, name: &str, value: &str) -> Self {
+        let name = name.trim_start_matches("--");
+        self.args.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Every node also listens for TLS on its own port ([`RedisNode::tls_port`]).
+    /// Default: no TLS.
+    pub fn tls(mut self, files: TlsFiles) -> Self {
+        self.tls = Some(files);
+        self
+    }
+
+    /// Starts every node in parallel and waits until each answers `PING`.
+    ///
+    /// # Errors
+    ///
+    /// Fails if `redis-server` cannot be found (the message says how to install it), or if a
+    /// node does not become ready within 10 s (the message quotes the end of its log).
+    /// Nodes that did start are killed again.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future drops (and so kills) every node started so far.
+    pub async fn start(self) -> io::Result<Cluster> {
+        let config = Arc::new(NodeConfig {
+            binary: find_redis_server()?,
+            persistence: self.persistence,
+            tls: self.tls,
+            args: self.args,
+        });
+        let started =
+            join_all((0..self.nodes).map(|_| RedisNode::launch(Arc::clone(&config), self.proxied)))
+                .await;
+        let nodes = started.into_iter().collect::<io::Result<Vec<_>>>()?;
+        Ok(Cluster { nodes })
+    }
+}
+
+/// Independent redis-server masters on loopback, for tests.
+///
+/// Dropping the cluster kills every process (`SIGKILL`, then reaped) and deletes the nodes'
+/// temporary directories.
+#[derive(Debug)]
+pub struct Cluster {
+    nodes: Vec<RedisNode>,
+}
+
+impl Cluster {
+    /// A builder with the defaults documented on [`ClusterBuilder`].
+    pub fn builder() -> ClusterBuilder {
+        ClusterBuilder::default()
+    }
+
+    /// Starts `n` plain nodes: `Cluster::builder().nodes(n).start()`.
+    ///
+    /// # Errors
+    ///
+    /// As [`ClusterBuilder::start`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`ClusterBuilder::start`].
+    pub async fn start(n: usize) -> io::Result<Cluster> {
+        Cluster::builder().nodes(n).start().await
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether the cluster has no nodes.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Node `i`.
+    ///
+    /// # Panics
+    ///
+    /// If `i >= self.len()`.
+    pub fn node(&self, i: usize) -> &RedisNode {
+        &self.nodes[i]
+    }
+
+    /// All nodes, in start order.
+    pub fn nodes(&self) -> &[RedisNode] {
+        &self.nodes
+    }
+
+    /// [`RedisNode::client_url`] of every node, in order.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisNode::client_url).collect()
+    }
+
+    /// `(node index, key)` for every key matching `pattern` on every node that answers
+    /// directly (not through the proxy) within 300 ms; killed or paused nodes are skipped.
+    /// Sorted by node index, then key.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn keys(&self, pattern: &str) -> Vec<(usize, String)> {
+        let per_node = join_all(
+            self.nodes
+                .iter()
+                .map(|node| node.keys(pattern, KEYS_TIMEOUT)),
+        )
+        .await;
+        let mut keys: Vec<(usize, String)> = per_node
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, keys)| keys.ok().map(|keys| (i, keys)))
+            .flat_map(|(i, keys)| keys.into_iter().map(move |key| (i, key)))
+            .collect();
+        keys.sort();
+        keys
+    }
+}

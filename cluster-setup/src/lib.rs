@@ -1,0 +1,14 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+
+mod cluster;
+mod config;
+mod node;
+mod proxy;
+
+pub use cluster::{Cluster, ClusterBuilder, DEFAULT_NODES};
+pub use config::{DataOnRestart, Persistence, TlsFiles};
+pub use node::RedisNode;
+pub use proxy::FaultProxy;
+/// The workspace's `redis` crate, so tests use the same version as the testkit.
+pub use redis;

@@ -1,0 +1,68 @@
+//! Shared helpers for the integration tests (real redis-server processes from the testkit).
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use std::time::Duration;
+
+use redlock::{Redlock, RetryPolicy};
+use redlock_testkit::Cluster;
+use redlock_testkit::redis::AsyncCommands;
+
+/// Per-node timeout used by the test clients.
+pub const NODE_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// A client on `urls` with short, bounded retries suited to tests.
+pub fn client(urls: Vec<String>, ttl: Duration) -> Redlock {
+    Redlock::builder()
+        .nodes(urls)
+        .ttl(ttl)
+        .node_timeout(NODE_TIMEOUT)
+        .retry(
+            RetryPolicy::deadline(Duration::from_secs(20))
+                .with_delay(Duration::from_millis(5), Duration::from_millis(10)),
+        )
+        .build()
+        .expect("valid config")
+}
+
+/// `(node index, key)` of every lock key on every reachable node.
+pub async fn lock_keys(cluster: &Cluster) -> Vec<(usize, String)> {
+    cluster.keys("redlock:lock:*").await
+}
+
+/// The value of `key` on node `i`, read directly (not through a proxy).
+pub async fn get(cluster: &Cluster, i: usize, key: &str) -> Option<String> {
+    let mut c = cluster
+        .node(i)
+        .connection()
+        .await
+        .expect("direct connection");
+    c.get(key).await.expect("GET")
+}
+
+/// Writes `key` on node `i` directly.
+pub async fn set(cluster: &Cluster, i: usize, key: &str, value: &str) {
+    let mut c = cluster
+        .node(i)
+        .connection()
+        .await
+        .expect("direct connection");
+    let () = c.set(key, value).await.expect("SET");
+}
+
+/// Waits until `cond` holds, polling every 20 ms, for at most `limit`.
+pub async fn eventually<F, Fut>(limit: Duration, mut cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if cond().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

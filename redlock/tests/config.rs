@@ -1,0 +1,165 @@
+//! Bad input gives typed errors, never a panic; secrets stay out of messages.
+
+use std::time::Duration;
+
+use redlock::{ConfigError, Error, Redlock, ResourceError, RetryPolicy};
+
+fn build(
+    f: impl FnOnce(redlock::RedlockBuilder) -> redlock::RedlockBuilder,
+) -> Result<Redlock, Error> {
+    f(Redlock::builder().nodes([
+        "redis://127.0.0.1:1",
+        "redis://127.0.0.1:2",
+        "redis://127.0.0.1:3",
+    ]))
+    .build()
+}
+
+fn unbounded() -> RetryPolicy {
+    let mut p = RetryPolicy::default();
+    p.max_attempts = None;
+    p
+}
+
+fn config_err(r: Result<Redlock, Error>) -> ConfigError {
+    match r {
+        Err(Error::Config(c)) => c,
+        other => panic!("expected a config error, got {other:?}"),
+    }
+}
+
+#[test]
+fn configuration_errors_are_typed() {
+    assert_eq!(config_err(Redlock::builder().build()), ConfigError::NoNodes);
+    assert!(matches!(
+        config_err(build(|b| b.ttl(Duration::ZERO))),
+        ConfigError::InvalidTtl { .. }
+    ));
+    // 2 ms is exactly the constant drift: nothing would be left.
+    assert!(matches!(
+        config_err(build(|b| b.ttl(Duration::from_millis(2)))),
+        ConfigError::InvalidTtl { .. }
+    ));
+    assert!(matches!(
+        config_err(build(|b| b.drift_factor(f64::NAN))),
+        ConfigError::InvalidDriftFactor(_)
+    ));
+    assert!(matches!(
+        config_err(build(|b| b.drift_factor(-0.1))),
+        ConfigError::InvalidDriftFactor(_)
+    ));
+    assert!(matches!(
+        config_err(build(|b| b
+            .ttl(Duration::from_millis(40))
+            .node_timeout(Duration::from_millis(50)))),
+        ConfigError::InvalidNodeTimeout { .. }
+    ));
+    assert!(matches!(
+        config_err(build(|b| b.node_timeout(Duration::ZERO))),
+        ConfigError::InvalidNodeTimeout { .. }
+    ));
+    assert!(matches!(
+        config_err(build(|b| b.retry(unbounded()))),
+        ConfigError::InvalidRetry(_)
+    ));
+    assert!(matches!(
+        config_err(build(|b| b.key_prefix("has space"))),
+        ConfigError::InvalidKeyPrefix(_)
+    ));
+    assert!(matches!(
+        config_err(build(|b| b.max_resource_len(0))),
+        ConfigError::InvalidMaxResourceLen
+    ));
+}
+
+#[test]
+fn malformed_and_duplicate_urls_are_rejected_without_echoing_passwords() {
+    for bad in [
+        "",
+        "not a url",
+        "http://127.0.0.1:1",
+        "redis://:pw-secret@127.0.0.1:notaport",
+        "redis://",
+    ] {
+        let e = config_err(Redlock::builder().nodes([bad]).build());
+        assert!(
+            matches!(e, ConfigError::InvalidNodeUrl { index: 0, .. }),
+            "{bad}: {e:?}"
+        );
+        let text = format!("{e} {e:?}");
+        assert!(!text.contains("pw-secret"), "{text}");
+    }
+    let e = config_err(
+        Redlock::builder()
+            .nodes(["redis://127.0.0.1:1", "redis://127.0.0.1:1/0"])
+            .build(),
+    );
+    assert!(
+        matches!(
+            e,
+            ConfigError::DuplicateNode {
+                first: 0,
+                second: 1,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // Different databases on one server are still one server... only if the db matches.
+    let e = config_err(
+        Redlock::builder()
+            .named_node("a", "redis://127.0.0.1:1")
+            .named_node("a", "redis://127.0.0.1:2")
+            .build(),
+    );
+    assert!(matches!(e, ConfigError::DuplicateName { .. }), "{e:?}");
+}
+
+#[test]
+fn debug_output_never_shows_passwords() {
+    let b = Redlock::builder().nodes(["redis://alice:hunter2-secret@127.0.0.1:1"]);
+    assert!(!format!("{b:?}").contains("hunter2-secret"));
+    let rl = b.build().unwrap();
+    let text = format!("{rl:?}");
+    assert!(!text.contains("hunter2-secret"), "{text}");
+    assert!(text.contains("127.0.0.1:1"), "{text}");
+}
+
+#[tokio::test]
+async fn bad_resources_are_rejected_before_anything_is_sent() {
+    // Nothing listens on these ports; validation must fail first, without a connection attempt.
+    let rl = build(|b| b).unwrap();
+    let res = |r: Result<redlock::Lock, Error>| match r {
+        Err(Error::InvalidResource(e)) => e,
+        other => panic!("expected InvalidResource, got {other:?}"),
+    };
+    assert_eq!(
+        res(rl.try_acquire("").await),
+        ResourceError::Empty { index: 0 }
+    );
+    let long = "x".repeat(redlock::DEFAULT_MAX_RESOURCE_LEN + 1);
+    assert!(matches!(
+        res(rl.acquire(&long).await),
+        ResourceError::TooLong { .. }
+    ));
+    assert_eq!(
+        res(rl.try_acquire_many(Vec::<String>::new()).await),
+        ResourceError::NoResources
+    );
+    assert_eq!(
+        res(rl.try_acquire_many(["a", "b", "a"]).await),
+        ResourceError::Duplicate { index: 2 }
+    );
+    let many: Vec<String> = (0..=redlock::MAX_RESOURCES_PER_LOCK)
+        .map(|i| i.to_string())
+        .collect();
+    assert!(matches!(
+        res(rl.try_acquire_many(many).await),
+        ResourceError::TooMany { .. }
+    ));
+    let e = rl.acquire_with(["a"], &unbounded()).await.unwrap_err();
+    assert!(
+        matches!(e, Error::Config(ConfigError::InvalidRetry(_))),
+        "{e:?}"
+    );
+}

@@ -1,0 +1,310 @@
+//! The lock protocol against real redis-server processes: exclusion, faults, extend, release.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{NODE_TIMEOUT, client, eventually, get, lock_keys, set};
+use redlock::{Error, NodeOutcome, RetryPolicy};
+use redlock_testkit::Cluster;
+use redlock_testkit::redis::AsyncCommands;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_exclusion_keeps_a_plain_counter_exact() {
+    let cluster = Cluster::start(5).await.unwrap();
+    let rl = client(cluster.urls(), Duration::from_secs(5));
+    let counter_node = Arc::new(cluster.node(0).connection().await.unwrap());
+    const TASKS: usize = 32;
+    const ROUNDS: usize = 5;
+    let mut handles = Vec::new();
+    for _ in 0..TASKS {
+        let rl = rl.clone();
+        let mut conn = (*counter_node).clone();
+        handles.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let lock = rl
+                    .acquire("counter")
+                    .await
+                    .expect("acquire within the deadline");
+                // Deliberately non-atomic read-modify-write with a yield in between.
+                let v: Option<u64> = conn.get("plain-counter").await.unwrap();
+                tokio::task::yield_now().await;
+                let () = conn.set("plain-counter", v.unwrap_or(0) + 1).await.unwrap();
+                assert!(lock.is_valid());
+                rl.release(lock).await.unwrap();
+            }
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    let mut conn = (*counter_node).clone();
+    let v: u64 = conn.get("plain-counter").await.unwrap();
+    assert_eq!(v, (TASKS * ROUNDS) as u64);
+    assert!(lock_keys(&cluster).await.is_empty());
+}
+
+async fn warm(rl: &redlock::Redlock) {
+    for r in rl.connect().await {
+        assert_eq!(r.outcome, NodeOutcome::Granted, "{}", r.node);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_killed_paused_or_slow_node_of_five_does_not_stop_acquire() {
+    let cluster = Cluster::builder()
+        .nodes(5)
+        .proxied(true)
+        .start()
+        .await
+        .unwrap();
+    let rl = client(cluster.urls(), Duration::from_secs(5));
+    warm(&rl).await;
+
+    cluster.node(0).kill();
+    let lock = rl.try_acquire("killed").await.expect("4 of 5 up");
+    assert_eq!(lock.claims().len() >= 3, true);
+    rl.release(lock).await.unwrap();
+
+    cluster.node(1).pause();
+    let t = Instant::now();
+    let lock = rl.try_acquire("paused").await.expect("paused minority");
+    assert!(t.elapsed() < Duration::from_secs(1));
+    rl.release(lock).await.unwrap();
+    cluster.node(1).resume();
+
+    // node 0 is dead; delay node 2 by 200 ms: the three others still make a quorum.
+    cluster
+        .node(2)
+        .proxy()
+        .unwrap()
+        .set_delay(Duration::from_millis(200), Duration::ZERO);
+    let t = Instant::now();
+    let lock = rl.try_acquire("slow").await.expect("slow minority");
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_millis(200),
+        "waited for the slow node: {took:?}"
+    );
+    let report = rl.release(lock).await.unwrap();
+    assert!(report.released() >= 3, "{report:?}");
+    cluster.node(2).proxy().unwrap().heal();
+    // The slow node's late grant is cleaned up by its queued release.
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            lock_keys(&cluster).await.is_empty()
+        })
+        .await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn majority_paused_fails_fast_and_leaves_no_key_after_resume() {
+    let cluster = Cluster::start(5).await.unwrap();
+    let rl = client(cluster.urls(), Duration::from_secs(5));
+    warm(&rl).await;
+    for i in 0..3 {
+        cluster.node(i).pause();
+    }
+    let t = Instant::now();
+    let err = rl.try_acquire("majority").await.unwrap_err();
+    let took = t.elapsed();
+    for i in 0..3 {
+        cluster.node(i).resume();
+    }
+    assert!(err.is_quorum_unreachable(), "{err}");
+    assert!(
+        took < NODE_TIMEOUT + Duration::from_millis(150),
+        "took {took:?}, per-node timeout {NODE_TIMEOUT:?}"
+    );
+    let timed_out = err
+        .nodes()
+        .iter()
+        .filter(|n| n.outcome == NodeOutcome::TimedOut)
+        .count();
+    assert_eq!(timed_out, 3, "{err}");
+    // The paused nodes run the queued acquire and then the queued release, in order.
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            lock_keys(&cluster).await.is_empty()
+        })
+        .await,
+        "keys left: {:?}",
+        lock_keys(&cluster).await
+    );
+    // And the lock is free again.
+    let lock = rl.try_acquire("majority").await.unwrap();
+    rl.release(lock).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releasing_an_expired_lock_is_not_an_error() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = client(cluster.urls(), Duration::from_millis(100));
+    let lock = rl.try_acquire("short").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert!(!lock.is_valid());
+    let report = rl.release(lock).await.expect("expired release is fine");
+    assert!(report.was_expired(), "{report:?}");
+    assert!(report.not_held() >= 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_extend_leaves_the_lock_in_place() {
+    let cluster = Cluster::start(5).await.unwrap();
+    let rl = client(cluster.urls(), Duration::from_secs(5));
+    warm(&rl).await;
+    let mut lock = rl.try_acquire("ext").await.unwrap();
+    let token = lock.token().expose().to_owned();
+    let before = lock.valid_until();
+
+    for i in 0..3 {
+        cluster.node(i).pause();
+    }
+    let err = rl.extend(&mut lock).await.unwrap_err();
+    for i in 0..3 {
+        cluster.node(i).resume();
+    }
+    assert!(err.is_quorum_unreachable(), "{err}");
+    assert_eq!(lock.valid_until(), before);
+    for i in 0..5 {
+        assert_eq!(
+            get(&cluster, i, "redlock:lock:ext").await.as_deref(),
+            Some(&*token),
+            "node {i}"
+        );
+    }
+
+    // Someone else owns it on three nodes now: extend reports Lost and deletes nothing.
+    for i in 0..3 {
+        set(&cluster, i, "redlock:lock:ext", "someone-else").await;
+    }
+    let err = rl.extend(&mut lock).await.unwrap_err();
+    assert!(err.is_lost(), "{err}");
+    for i in 3..5 {
+        assert_eq!(
+            get(&cluster, i, "redlock:lock:ext").await.as_deref(),
+            Some(&*token)
+        );
+    }
+    // A successful extend re-arms the TTL and moves the deadline forward.
+    let mut ok = rl.try_acquire("ext2").await.unwrap();
+    let first = ok.valid_until();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    rl.extend(&mut ok).await.unwrap();
+    assert!(ok.valid_until() > first);
+    rl.release(ok).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reacquiring_with_the_same_token_succeeds_and_others_stay_busy() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = client(cluster.urls(), Duration::from_secs(5));
+    let lock = rl.try_acquire("idem").await.unwrap();
+    // As if the first outcome had been unknown: retry with the same token.
+    let again = rl
+        .try_acquire_with_token(["idem"], lock.token())
+        .await
+        .expect("re-arm our own token");
+    assert_eq!(again.token(), lock.token());
+    let other = rl.try_acquire("idem").await.unwrap_err();
+    assert!(other.is_busy(), "{other}");
+    rl.release(again).await.unwrap();
+    assert!(lock_keys(&cluster).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_resource_locks_are_all_or_nothing_per_node() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = client(cluster.urls(), Duration::from_secs(5));
+    let ab = rl.try_acquire_many(["a", "b"]).await.unwrap();
+    let err = rl.try_acquire_many(["b", "c"]).await.unwrap_err();
+    assert!(err.is_busy(), "{err}");
+    for i in 0..3 {
+        assert_eq!(
+            get(&cluster, i, "redlock:lock:c").await,
+            None,
+            "partial grant on node {i}"
+        );
+    }
+    rl.release(ab).await.unwrap();
+    let bc = rl.try_acquire_many(["b", "c"]).await.unwrap();
+    rl.release(bc).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_cache_loss_falls_back_to_eval_and_stamps_increase() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = client(cluster.urls(), Duration::from_secs(5));
+    let first = rl.try_acquire("s").await.unwrap();
+    let stamps1: Vec<u64> = first.claims().iter().map(|c| c.stamp_us).collect();
+    rl.release(first).await.unwrap();
+    for i in 0..3 {
+        let mut c = cluster.node(i).connection().await.unwrap();
+        let () = redlock_testkit::redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    let second = rl.try_acquire("s").await.expect("EVAL fallback");
+    let stamps2: Vec<u64> = second.claims().iter().map(|c| c.stamp_us).collect();
+    assert_eq!(stamps1.len(), stamps2.len());
+    for (a, b) in stamps1.iter().zip(&stamps2) {
+        assert!(b > a, "stamps must increase per node: {a} then {b}");
+    }
+    rl.release(second).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_acquire_midway_cleans_up_late_grants() {
+    let cluster = Cluster::builder()
+        .nodes(3)
+        .proxied(true)
+        .start()
+        .await
+        .unwrap();
+    let rl = client(cluster.urls(), Duration::from_secs(5));
+    warm(&rl).await;
+    for i in 0..3 {
+        cluster
+            .node(i)
+            .proxy()
+            .unwrap()
+            .set_delay(Duration::from_millis(30), Duration::ZERO);
+    }
+    // Cancel after the requests are out but before any reply.
+    let r = tokio::time::timeout(Duration::from_millis(10), rl.try_acquire("dropped")).await;
+    assert!(r.is_err(), "should have been cancelled");
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            cluster.node(0).command_calls("evalsha").await >= 2
+                && lock_keys(&cluster).await.is_empty()
+        })
+        .await,
+        "keys left: {:?}",
+        lock_keys(&cluster).await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_and_unreachable_are_distinct() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = client(cluster.urls(), Duration::from_secs(5));
+    let held = rl.try_acquire("x").await.unwrap();
+    let busy = rl
+        .acquire_with(
+            ["x"],
+            &RetryPolicy::attempts(2).with_delay(Duration::from_millis(5), Duration::ZERO),
+        )
+        .await
+        .unwrap_err();
+    assert!(busy.is_busy() && !busy.is_quorum_unreachable(), "{busy}");
+    rl.release(held).await.unwrap();
+    cluster.node(0).kill();
+    cluster.node(1).kill();
+    let err = rl.try_acquire("x").await.unwrap_err();
+    assert!(matches!(err, Error::QuorumUnreachable { .. }), "{err}");
+    assert!(err.to_string().contains("quorum unreachable"), "{err}");
+}
