@@ -11,6 +11,7 @@ use crate::node::{NodeSpec, RedisBackend, RedisNode, redact_url};
 
 /// Builds a [`Redlock`]. Nothing connects until the first request.
 #[must_use]
+#[derive(Default)]
 pub struct RedlockBuilder {
     nodes: Vec<(Option<String>, String)>,
     config: Config,
@@ -25,16 +26,6 @@ impl std::fmt::Debug for RedlockBuilder {
             .field("config", &self.config)
             .field("tls_root_ca", &self.tls_root_ca.as_ref().map(|_| "<pem>"))
             .finish()
-    }
-}
-
-impl Default for RedlockBuilder {
-    fn default() -> Self {
-        Self {
-            nodes: Vec::new(),
-            config: Config::default(),
-            tls_root_ca: None,
-        }
     }
 }
 
@@ -195,7 +186,7 @@ impl RedlockBuilder {
             }
             specs.push(spec);
         }
-        if specs.len() % 2 == 0 {
+        if specs.len().is_multiple_of(2) {
             tracing::warn!(
                 nodes = specs.len(),
                 "an even number of nodes tolerates no more failures than one node fewer"

@@ -18,6 +18,9 @@ use crate::node::RedisBackend;
 use crate::telemetry;
 use crate::token::Token;
 
+/// A shared, immutable list of resource names or keys.
+type Names = Arc<[String]>;
+
 /// The protocol, generic over its nodes so the algorithm tests can run it on fakes.
 pub(crate) struct Core<B> {
     pub(crate) config: Config,
@@ -43,10 +46,7 @@ impl<B: Backend> Core<B> {
     }
 
     /// Validates resource names and maps them to keys.
-    pub(crate) fn keys(
-        &self,
-        resources: Vec<String>,
-    ) -> Result<(Arc<[String]>, Arc<[String]>), ResourceError> {
+    pub(crate) fn keys(&self, resources: Vec<String>) -> Result<(Names, Names), ResourceError> {
         if resources.is_empty() {
             return Err(ResourceError::NoResources);
         }

@@ -121,20 +121,20 @@ impl State {
         self.pending -= 1;
         self.stamps[i] = stamp;
         self.outcomes[i] = outcome;
-        if self.tx.is_some() {
-            if let Some(success) = verdict(self.positive, self.pending, self.needed) {
-                let decision = Decision {
-                    success,
-                    outcomes: self.outcomes.clone(),
-                    stamps: self.stamps.clone(),
-                    positive: self.positive,
-                    needed: self.needed,
-                };
-                if let Some(tx) = self.tx.take() {
-                    // A closed receiver means the caller's future was dropped; its guard has
-                    // then marked the phase abandoned, which the return value below handles.
-                    let _ = tx.send(decision);
-                }
+        if self.tx.is_some()
+            && let Some(success) = verdict(self.positive, self.pending, self.needed)
+        {
+            let decision = Decision {
+                success,
+                outcomes: self.outcomes.clone(),
+                stamps: self.stamps.clone(),
+                positive: self.positive,
+                needed: self.needed,
+            };
+            if let Some(tx) = self.tx.take() {
+                // A closed receiver means the caller's future was dropped; its guard has
+                // then marked the phase abandoned, which the return value below handles.
+                let _ = tx.send(decision);
             }
         }
         self.take_cleanup(i)

@@ -64,7 +64,7 @@ async fn one_killed_paused_or_slow_node_of_five_does_not_stop_acquire() {
 
     cluster.node(0).kill();
     let lock = rl.try_acquire("killed").await.expect("4 of 5 up");
-    assert_eq!(lock.claims().len() >= 3, true);
+    assert!(lock.claims().len() >= 3, "{lock:?}");
     rl.release(lock).await.unwrap();
 
     cluster.node(1).pause();

@@ -227,10 +227,8 @@ async fn check(behaviour: &[Behaviour], ttl: Duration, cancel_at: Option<Duratio
     let once = RetryPolicy::once();
     let fut = core.acquire(vec!["r".into()], &once, None);
     let result = match cancel_at {
-        Some(at) => match tokio::time::timeout(at, fut).await {
-            Ok(r) => Some(r),
-            Err(_) => None, // the acquire future was dropped mid-flight
-        },
+        // `None`: the acquire future was dropped mid-flight.
+        Some(at) => tokio::time::timeout(at, fut).await.ok(),
         None => Some(fut.await),
     };
     let elapsed = start.elapsed();
