@@ -40,7 +40,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rl = Redlock::builder()
         .nodes(cluster.urls())
         .ttl(Duration::from_secs(10))
-        .retry(RetryPolicy::attempts(50).with_delay(Duration::from_millis(20), Duration::from_millis(20)))
+        .retry(
+            RetryPolicy::attempts(50)
+                .with_delay(Duration::from_millis(20), Duration::from_millis(20)),
+        )
         .build()?;
     rl.connect().await;
     println!("   quorum = {} of {}", rl.quorum(), cluster.len());
@@ -91,11 +94,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for w in workers {
         w.await??;
     }
-    println!("   counter = {} (exactly 20: no lost update)", done.load(Ordering::SeqCst));
+    println!(
+        "   counter = {} (exactly 20: no lost update)",
+        done.load(Ordering::SeqCst)
+    );
 
     println!("\n== 4. a faulty minority does not stop the lock");
     cluster.node(0).pause();
-    cluster.node(1).proxy().expect("proxied").set_delay(Duration::from_millis(300), Duration::ZERO);
+    cluster
+        .node(1)
+        .proxy()
+        .expect("proxied")
+        .set_delay(Duration::from_millis(300), Duration::ZERO);
     let t = Instant::now();
     let lock = rl.try_acquire("cache:rebuild").await?;
     println!(
@@ -109,7 +119,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let t = Instant::now();
     match rl.try_acquire("cache:rebuild").await {
         Err(e) if e.is_quorum_unreachable() => {
-            println!("   quorum unreachable after {:?}: {}", t.elapsed(), outcomes(&e));
+            println!(
+                "   quorum unreachable after {:?}: {}",
+                t.elapsed(),
+                outcomes(&e)
+            );
         }
         other => println!("   unexpected: {other:?}"),
     }

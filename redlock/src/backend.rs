@@ -12,12 +12,15 @@ use crate::token::Token;
 /// One request sent to every node of a phase.
 #[derive(Debug)]
 pub(crate) enum Op {
-    /// Run the acquire script: grant (or re-arm our own token) and return the claim stamp.
+    /// Grant (or re-arm our own token) and, with a stamp key, return the node's claim stamp.
     Acquire {
-        stamp_key: Arc<str>,
+        /// `None` when claim stamps are off.
+        stamp_key: Option<Arc<str>>,
         keys: Arc<[String]>,
         token: Token,
         ttl_ms: u64,
+        /// The token may already be on the node (re-acquire with a known token).
+        rearm: bool,
     },
     /// Owner-checked `PEXPIRE` of every key.
     Extend {

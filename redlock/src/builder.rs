@@ -102,6 +102,12 @@ impl RedlockBuilder {
         self
     }
 
+    /// Whether grants issue claim stamps (needed for fencing). Default: `true`.
+    pub fn claim_stamps(mut self, on: bool) -> Self {
+        self.config.claim_stamps = on;
+        self
+    }
+
     /// PEM bundle of CA certificates trusted for `rediss://` nodes instead of the system store.
     pub fn tls_root_ca(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls_root_ca = Some(pem.into());

@@ -88,15 +88,20 @@ impl<B: Backend> Core<B> {
         resources: &Arc<[String]>,
         keys: &Arc<[String]>,
         token: Token,
+        rearm: bool,
     ) -> Result<Lock, Error> {
         let ttl = self.config.ttl;
         let drift = engine::drift(ttl, self.config.drift_factor);
         let started = Instant::now();
         let op = Arc::new(Op::Acquire {
-            stamp_key: Arc::clone(&self.stamp_key),
+            stamp_key: self
+                .config
+                .claim_stamps
+                .then(|| Arc::clone(&self.stamp_key)),
             keys: Arc::clone(keys),
             token: token.clone(),
             ttl_ms: self.ttl_ms(ttl),
+            rearm,
         });
         let cleanup = Arc::new(Op::Release {
             keys: Arc::clone(keys),
@@ -181,11 +186,12 @@ impl<B: Backend> Core<B> {
             let mut attempts = 0u32;
             loop {
                 attempts += 1;
+                let fixed = token.is_some();
                 let token = match token {
                     Some(t) => t.clone(),
                     None => Token::random().map_err(Error::Entropy)?,
                 };
-                let result = self.attempt(&resources, &keys, token).await;
+                let result = self.attempt(&resources, &keys, token, fixed).await;
                 let err = match result {
                     Ok(lock) => {
                         tracing::debug!(attempts, token = %lock.token, remaining = ?lock.remaining(), "acquired");

@@ -52,6 +52,11 @@ pub struct Config {
     pub key_prefix: String,
     /// Longest resource name accepted, in bytes. Default: [`DEFAULT_MAX_RESOURCE_LEN`].
     pub max_resource_len: usize,
+    /// Whether each grant issues per-node claim stamps ([`Lock::claims`](crate::Lock::claims),
+    /// the basis of fencing). Turning them off makes a single-resource acquire a plain
+    /// `SET NX PX` — the cheapest request Redis serves — for locks that are never fenced.
+    /// Default: `true`.
+    pub claim_stamps: bool,
 }
 
 impl Default for Config {
@@ -65,6 +70,7 @@ impl Default for Config {
             retry: RetryPolicy::default(),
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
             max_resource_len: DEFAULT_MAX_RESOURCE_LEN,
+            claim_stamps: true,
         }
     }
 }

@@ -135,7 +135,7 @@ impl fmt::Display for NodeList<'_> {
 }
 
 /// Everything that can go wrong. Variants name the phase and carry per-node detail.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// Another owner holds the resource on enough nodes that no quorum was possible.

@@ -266,12 +266,32 @@ impl RedisNode {
             }
             other => other,
         };
-        res.map_err(|e| {
-            if e.is_unrecoverable_error() || e.is_connection_dropped() || e.is_io_error() {
-                self.invalidate();
-            }
-            self.node_error(&e, Some(token))
-        })
+        res.map_err(|e| self.failed(&e, token))
+    }
+
+    async fn set_nx(&self, key: &str, token: &str, ttl_ms: u64) -> Result<Reply, NodeError> {
+        let mut conn = self.connection().await?;
+        let res: redis::RedisResult<Option<String>> = redis::cmd("SET")
+            .arg(key)
+            .arg(token)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms)
+            .query_async(&mut conn)
+            .await;
+        match res {
+            Ok(Some(_)) => Ok(Reply::Yes { stamp_us: None }),
+            Ok(None) => Ok(Reply::No),
+            Err(e) => Err(self.failed(&e, token)),
+        }
+    }
+
+    /// Converts a command error, dropping the connection when it is broken.
+    fn failed(&self, e: &redis::RedisError, token: &str) -> NodeError {
+        if e.is_unrecoverable_error() || e.is_connection_dropped() || e.is_io_error() {
+            self.invalidate();
+        }
+        self.node_error(e, Some(token))
     }
 
     pub(crate) async fn run(&self, op: &Op) -> Result<Reply, NodeError> {
@@ -281,12 +301,28 @@ impl RedisNode {
                 keys,
                 token,
                 ttl_ms,
+                rearm,
             } => {
+                let ttl = ttl_ms.to_string();
+                let t = token.expose();
+                let Some(stamp_key) = stamp_key else {
+                    if let ([key], false) = (&keys[..], rearm) {
+                        // A fresh random token cannot be on the node yet: plain SET NX PX.
+                        return self.set_nx(key, t, *ttl_ms).await;
+                    }
+                    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                    let n = self
+                        .eval(&scripts::ACQUIRE_UNSTAMPED, &keys, &[t, &ttl], t)
+                        .await?;
+                    return Ok(if n > 0 {
+                        Reply::Yes { stamp_us: None }
+                    } else {
+                        Reply::No
+                    });
+                };
                 let mut all: Vec<&str> = Vec::with_capacity(keys.len() + 1);
                 all.push(stamp_key);
                 all.extend(keys.iter().map(String::as_str));
-                let ttl = ttl_ms.to_string();
-                let t = token.expose();
                 let stamp = self.eval(&scripts::ACQUIRE, &all, &[t, &ttl], t).await?;
                 Ok(match u64::try_from(stamp) {
                     Ok(s) if s > 0 => Reply::Yes { stamp_us: Some(s) },

@@ -163,3 +163,13 @@ async fn bad_resources_are_rejected_before_anything_is_sent() {
         "{e:?}"
     );
 }
+
+#[test]
+fn redlock_is_cheap_to_clone_and_thread_safe() {
+    fn assert_traits<T: Clone + Send + Sync + 'static>() {}
+    assert_traits::<Redlock>();
+    assert_traits::<Error>();
+    fn assert_send<T: Send>(_: &T) {}
+    let rl = build(|b| b).unwrap();
+    assert_send(&rl.acquire("x"));
+}

@@ -308,3 +308,39 @@ async fn busy_and_unreachable_are_distinct() {
     assert!(matches!(err, Error::QuorumUnreachable { .. }), "{err}");
     assert!(err.to_string().contains("quorum unreachable"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_claim_stamps_locks_still_exclude_and_write_no_stamp() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = redlock::Redlock::builder()
+        .nodes(cluster.urls())
+        .claim_stamps(false)
+        .retry(RetryPolicy::once())
+        .build()
+        .unwrap();
+    let one = rl.try_acquire("plain").await.unwrap();
+    assert!(one.claims().is_empty());
+    assert!(rl.try_acquire("plain").await.unwrap_err().is_busy());
+    let again = rl
+        .try_acquire_with_token(["plain"], one.token())
+        .await
+        .unwrap();
+    let many = rl.try_acquire_many(["m1", "m2"]).await.unwrap();
+    assert!(
+        rl.try_acquire_many(["m2", "m3"])
+            .await
+            .unwrap_err()
+            .is_busy()
+    );
+    for i in 0..3 {
+        assert_eq!(get(&cluster, i, "redlock:stamp").await, None, "node {i}");
+    }
+    rl.release(again).await.unwrap();
+    rl.release(many).await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            lock_keys(&cluster).await.is_empty()
+        })
+        .await
+    );
+}
