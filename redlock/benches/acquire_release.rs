@@ -266,11 +266,12 @@ fn random_token() -> String {
     })
 }
 
-async fn redlock_client(urls: &[String]) -> Result<Redlock, BenchError> {
+async fn redlock_client(urls: &[String], claim_stamps: bool) -> Result<Redlock, BenchError> {
     let rl = Redlock::builder()
         .nodes(urls)
         .ttl(TTL)
         .retry(RetryPolicy::once())
+        .claim_stamps(claim_stamps)
         .build()?;
     let failed: Vec<String> = rl
         .connect()
@@ -301,13 +302,16 @@ async fn redlock_cycle(rl: &Redlock, resource: &str) -> Result<(), String> {
 #[derive(Debug)]
 struct Pair {
     redlock: Redlock,
+    /// The crate with `claim_stamps(false)`: what a lock that is never fenced costs.
+    unstamped: Redlock,
     floor: Arc<Floor>,
 }
 
 impl Pair {
     async fn new(urls: &[String]) -> Result<Self, BenchError> {
         Ok(Pair {
-            redlock: redlock_client(urls).await?,
+            redlock: redlock_client(urls, true).await?,
+            unstamped: redlock_client(urls, false).await?,
             floor: Arc::new(Floor::connect(urls).await?),
         })
     }
@@ -317,6 +321,7 @@ impl Pair {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Impl {
     Redlock,
+    Unstamped,
     Floor,
 }
 
@@ -324,6 +329,7 @@ impl Impl {
     fn name(self) -> &'static str {
         match self {
             Impl::Redlock => "redlock",
+            Impl::Unstamped => "redlock-nostamp",
             Impl::Floor => "floor",
         }
     }
@@ -337,6 +343,7 @@ fn resource(which: Impl, tag: &str, i: usize) -> String {
 async fn run_cycle(pair: &Pair, which: Impl, resource: &str) -> Result<(), String> {
     match which {
         Impl::Redlock => redlock_cycle(&pair.redlock, resource).await,
+        Impl::Unstamped => redlock_cycle(&pair.unstamped, resource).await,
         Impl::Floor => {
             let key = format!("redlock:lock:{resource}");
             pair.floor.cycle(&key).await
@@ -424,14 +431,17 @@ async fn throughput(pair: &Pair, which: Impl, round: usize, wall: Duration) -> (
     let tasks: Vec<_> = (0..TASKS)
         .map(|task| {
             let (stop, ops, errors) = (Arc::clone(&stop), Arc::clone(&ops), Arc::clone(&errors));
-            let rl = pair.redlock.clone();
+            let rl = match which {
+                Impl::Unstamped => pair.unstamped.clone(),
+                _ => pair.redlock.clone(),
+            };
             let floor = Arc::clone(&pair.floor);
             let resource = format!("bench:{}:tput:{round}:{task}", which.name());
             let key = format!("redlock:lock:{resource}");
             tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
                     let res = match which {
-                        Impl::Redlock => redlock_cycle(&rl, &resource).await,
+                        Impl::Redlock | Impl::Unstamped => redlock_cycle(&rl, &resource).await,
                         Impl::Floor => floor.cycle(&key).await,
                     };
                     match res {
@@ -472,7 +482,7 @@ fn criterion_config(plan: Plan) -> Criterion {
 fn bench_uncontended(c: &mut Criterion, rt: &Runtime, pairs: &[(usize, Pair)]) {
     let mut group = c.benchmark_group("acquire_release");
     for (n, pair) in pairs {
-        for which in [Impl::Redlock, Impl::Floor] {
+        for which in [Impl::Redlock, Impl::Unstamped, Impl::Floor] {
             let counter = AtomicUsize::new(0);
             group.bench_function(format!("{}/{n}", which.name()), |b| {
                 b.to_async(rt).iter(|| {
@@ -518,11 +528,11 @@ fn summary_path() -> PathBuf {
 }
 
 async fn summary(plan: Plan, cluster: &Cluster, pair: &Pair) -> String {
-    let order = [Impl::Redlock, Impl::Floor];
+    let order = [Impl::Redlock, Impl::Unstamped, Impl::Floor];
 
     // a. Healthy N = 5.
     let healthy = interleaved(pair, "healthy", plan.healthy_samples, plan.block, &order).await;
-    let (rl_h, fl_h) = (&healthy[0], &healthy[1]);
+    let (rl_h, un_h, fl_h) = (&healthy[0], &healthy[1], &healthy[2]);
 
     // b. One of five nodes paused. Fresh keys; the floor gets a 1 s per-call bound.
     let paused_node = cluster.node(N_SUMMARY - 1);
@@ -538,6 +548,7 @@ async fn summary(plan: Plan, cluster: &Cluster, pair: &Pair) -> String {
     .remove(0);
     let floor_paused = Pair {
         redlock: pair.redlock.clone(),
+        unstamped: pair.unstamped.clone(),
         floor: pair
             .floor
             .with(|f| f.call_timeout = Some(FLOOR_PAUSED_TIMEOUT)),
@@ -556,27 +567,28 @@ async fn summary(plan: Plan, cluster: &Cluster, pair: &Pair) -> String {
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     // c. Throughput of 64 tasks, rounds alternating which implementation goes first.
-    let (mut rl_ops, mut fl_ops, mut rl_err, mut fl_err) = (0.0, 0.0, 0, 0);
+    let (mut rl_ops, mut un_ops, mut fl_ops) = (0.0, 0.0, 0.0);
+    let (mut rl_err, mut un_err, mut fl_err) = (0, 0, 0);
     for round in 0..plan.rounds {
-        let first = if round % 2 == 0 {
-            order
-        } else {
-            [order[1], order[0]]
-        };
-        for which in first {
+        let mut turn = order;
+        turn.rotate_left(round % order.len());
+        for which in turn {
             let (ops, errors) = throughput(pair, which, round, plan.round).await;
             match which {
                 Impl::Redlock => (rl_ops, rl_err) = (rl_ops + ops, rl_err + errors),
+                Impl::Unstamped => (un_ops, un_err) = (un_ops + ops, un_err + errors),
                 Impl::Floor => (fl_ops, fl_err) = (fl_ops + ops, fl_err + errors),
             }
         }
     }
     let rounds = plan.rounds as f64;
-    let (rl_ops, fl_ops) = (rl_ops / rounds, fl_ops / rounds);
+    let (rl_ops, un_ops, fl_ops) = (rl_ops / rounds, un_ops / rounds, fl_ops / rounds);
 
     let p50_ratio = ratio(rl_h.p50(), fl_h.p50());
+    let un_p50_ratio = ratio(un_h.p50(), fl_h.p50());
     let paused_ratio = ratio(rl_p.p99(), rl_h.p99());
     let tput_ratio = ratio(rl_ops, fl_ops);
+    let un_tput_ratio = ratio(un_ops, fl_ops);
 
     let mut md = String::new();
     let _ = writeln!(
@@ -591,6 +603,7 @@ async fn summary(plan: Plan, cluster: &Cluster, pair: &Pair) -> String {
     );
     for (scenario, name, s) in [
         ("healthy", "redlock", rl_h),
+        ("healthy", "redlock-nostamp", un_h),
         ("healthy", "floor", fl_h),
         ("1 of 5 paused", "redlock", &rl_p),
         ("1 of 5 paused (1 s call timeout)", "floor", &fl_p),
@@ -606,7 +619,7 @@ async fn summary(plan: Plan, cluster: &Cluster, pair: &Pair) -> String {
     }
     let _ = writeln!(
         md,
-        "\n| throughput ({TASKS} tasks, {} × {:.0} s) | ops/s | errors |\n|---|---:|---:|\n| redlock | {rl_ops:.0} | {rl_err} |\n| floor | {fl_ops:.0} | {fl_err} |",
+        "\n| throughput ({TASKS} tasks, {} × {:.0} s) | ops/s | errors |\n|---|---:|---:|\n| redlock | {rl_ops:.0} | {rl_err} |\n| redlock-nostamp | {un_ops:.0} | {un_err} |\n| floor | {fl_ops:.0} | {fl_err} |",
         plan.rounds,
         plan.round.as_secs_f64(),
     );
@@ -614,11 +627,15 @@ async fn summary(plan: Plan, cluster: &Cluster, pair: &Pair) -> String {
         md,
         "\n| target | measured | goal | verdict |\n|---|---:|---:|---|\n\
          | healthy p50 redlock / floor | {p50_ratio:.2}× | ≤ 1.10× | {} |\n\
+         | healthy p50 redlock-nostamp / floor | {un_p50_ratio:.2}× | ≤ 1.10× | {} |\n\
          | p99 paused / p99 healthy (redlock) | {paused_ratio:.2}× | ≤ 3× | {} |\n\
-         | throughput redlock / floor | {tput_ratio:.2}× | ≥ 1.0× | {} |",
+         | throughput redlock / floor | {tput_ratio:.2}× | ≥ 1.0× | {} |\n\
+         | throughput redlock-nostamp / floor | {un_tput_ratio:.2}× | ≥ 1.0× | {} |",
         verdict(p50_ratio <= 1.10),
+        verdict(un_p50_ratio <= 1.10),
         verdict(paused_ratio <= 3.0),
         verdict(tput_ratio >= 1.0),
+        verdict(un_tput_ratio >= 1.0),
     );
     let _ = writeln!(
         md,
@@ -709,6 +726,7 @@ async fn diagnostics(plan: Plan, cluster: &Cluster, pair: &Pair) -> String {
     for (k, (name, floor)) in variants.iter().enumerate() {
         let p = Pair {
             redlock: pair.redlock.clone(),
+            unstamped: pair.unstamped.clone(),
             floor: Arc::clone(floor),
         };
         let seq = interleaved(&p, &format!("diag{k}"), samples, plan.block, &[Impl::Floor]).await;

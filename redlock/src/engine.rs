@@ -11,11 +11,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use futures_util::future::{BoxFuture, Either};
 use futures_util::stream::FuturesUnordered;
 use tokio::sync::oneshot;
 
 use crate::backend::{Backend, Op, Reply};
-use crate::error::{NodeOutcome, NodeReport, Phase as PhaseName};
+use crate::error::{NodeError, NodeOutcome, NodeReport, Phase as PhaseName};
 use crate::telemetry;
 
 /// Which answers count towards the phase's goal.
@@ -196,9 +197,11 @@ impl<B: Backend> Phase<B> {
         // the caller asked; the driver only polls them.
         let calls: FuturesUnordered<_> = (0..n)
             .map(|i| {
-                let budget = backend.budget(i);
-                let call = backend.call(i, Arc::clone(&op));
-                async move { (i, tokio::time::timeout(budget, call).await) }
+                first_answer(
+                    i,
+                    backend.budget(i),
+                    handed_over(backend.call(i, Arc::clone(&op))),
+                )
             })
             .collect();
         tokio::spawn(drive(
@@ -267,7 +270,59 @@ impl<B: Backend> Drop for Phase<B> {
     }
 }
 
-/// Sends the cleanup request to node `i` in the background (bounded by the node's budget).
+/// How long a request may still wait in the client to be written after the caller stopped
+/// waiting for its answer. Dropping a request that has not been written yet cancels it, which
+/// is harmless for an acquire but would lose a release: under load, requests can queue in the
+/// client for longer than the node timeout. Bounded so a hung node cannot pin memory for long.
+pub(crate) const DELIVERY_GRACE: Duration = Duration::from_secs(1);
+
+type NodeCall = BoxFuture<'static, Result<Reply, NodeError>>;
+
+/// What the driver learns about one node's request.
+enum Event {
+    /// The answer, or `Err` when the node's budget ran out first (the call is handed back so
+    /// it can still be delivered).
+    First(Result<Result<Reply, NodeError>, NodeCall>),
+    /// The request finished (or was given up) after its budget ran out.
+    Late,
+}
+
+/// Polls a fresh request once, here in the caller's task, so that it is handed to the node's
+/// connection in program order: a release or cleanup issued after an acquire is queued behind
+/// it on every node, whatever order the driver later polls in. (Leaving the first poll to the
+/// driver let a later phase's request overtake an earlier one under load, and a release that
+/// overtakes its acquire leaves the key behind.) Exempt from tokio's cooperative budget so the
+/// poll cannot be refused for budget reasons.
+fn handed_over(call: NodeCall) -> NodeCall {
+    let mut call: NodeCall = Box::pin(tokio::task::unconstrained(call));
+    match call
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+    {
+        std::task::Poll::Ready(answer) => Box::pin(std::future::ready(answer)),
+        std::task::Poll::Pending => call,
+    }
+}
+
+fn first_answer(i: usize, budget: Duration, call: NodeCall) -> BoxFuture<'static, (usize, Event)> {
+    Box::pin(async move {
+        let deadline = Box::pin(tokio::time::sleep(budget));
+        match futures_util::future::select(call, deadline).await {
+            Either::Left((answer, _)) => (i, Event::First(Ok(answer))),
+            Either::Right(((), call)) => (i, Event::First(Err(call))),
+        }
+    })
+}
+
+fn finish_late(i: usize, call: NodeCall) -> BoxFuture<'static, (usize, Event)> {
+    Box::pin(async move {
+        let _ = tokio::time::timeout(DELIVERY_GRACE, call).await;
+        (i, Event::Late)
+    })
+}
+
+/// Sends the cleanup request to node `i` in the background; it may wait up to
+/// [`DELIVERY_GRACE`] to be delivered.
 /// Outside a runtime (e.g. while it shuts down) nothing can be sent; the key then expires
 /// with its TTL.
 fn send_cleanup<B: Backend>(backend: &Arc<B>, i: usize, op: Arc<Op>, phase: PhaseName) {
@@ -275,35 +330,33 @@ fn send_cleanup<B: Backend>(backend: &Arc<B>, i: usize, op: Arc<Op>, phase: Phas
         tracing::warn!(node = %backend.name(i), "no runtime to release an abandoned grant; it expires with its TTL");
         return;
     };
-    let budget = backend.budget(i);
-    let call = backend.call(i, op);
+    let call = handed_over(backend.call(i, op));
     let node = backend.name(i).clone();
     rt.spawn(async move {
-        let result = tokio::time::timeout(budget, call).await;
+        let result = tokio::time::timeout(DELIVERY_GRACE, call).await;
         telemetry::cleanup(&node, phase, &result);
     });
 }
 
-async fn drive<B: Backend, F>(
+async fn drive<B: Backend>(
     backend: Arc<B>,
     state: Arc<Mutex<State>>,
-    mut calls: FuturesUnordered<F>,
+    mut calls: FuturesUnordered<BoxFuture<'static, (usize, Event)>>,
     cleanup: Option<Arc<Op>>,
     phase: PhaseName,
-) where
-    F: std::future::Future<
-            Output = (
-                usize,
-                Result<Result<Reply, crate::error::NodeError>, tokio::time::error::Elapsed>,
-            ),
-        >,
-{
-    while let Some((i, result)) = calls.next().await {
-        let (outcome, stamp) = match result {
-            Ok(Ok(Reply::Yes { stamp_us })) => (NodeOutcome::Granted, stamp_us),
-            Ok(Ok(Reply::No)) => (NodeOutcome::Refused, None),
-            Ok(Err(e)) => (NodeOutcome::Failed(e), None),
-            Err(_) => (NodeOutcome::TimedOut, None),
+) {
+    while let Some((i, event)) = calls.next().await {
+        let (outcome, stamp) = match event {
+            Event::First(Ok(Ok(Reply::Yes { stamp_us }))) => (NodeOutcome::Granted, stamp_us),
+            Event::First(Ok(Ok(Reply::No))) => (NodeOutcome::Refused, None),
+            Event::First(Ok(Err(e))) => (NodeOutcome::Failed(e), None),
+            Event::First(Err(call)) => {
+                // Keep driving the request so it is still written if it is only queued; its
+                // outcome stays "timed out" (unknown), which already counts as possibly held.
+                calls.push(finish_late(i, call));
+                (NodeOutcome::TimedOut, None)
+            }
+            Event::Late => continue,
         };
         telemetry::node_outcome(backend.name(i), phase, &outcome);
         let needs_cleanup = lock(&state).settle(i, outcome, stamp);

@@ -121,6 +121,9 @@ pub(crate) fn scrub(text: &str, secrets: &[Option<&str>]) -> String {
     out
 }
 
+/// Requests that may wait in one connection's client-side queue.
+const REQUEST_QUEUE: usize = 1 << 16;
+
 /// One Redis master with a lazily created, shared multiplexed connection.
 pub(crate) struct RedisNode {
     name: Arc<str>,
@@ -163,9 +166,14 @@ impl RedisNode {
         .map_err(|e| scrub(&e.to_string(), &[password.as_deref()]))?;
         // Our own per-node timeout bounds every call; the client must not race it with a
         // response timeout of its own (which would also drop the reply we wait for).
+        // The request queue must have room: a request is handed to the connection with one
+        // poll in the caller's task (see `engine::handed_over`), and only a request that finds
+        // room is queued at once, in program order. With the default of 50, two tasks waiting
+        // for room could be let in in either order, and a release could overtake its acquire.
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(None);
+            .set_response_timeout(None)
+            .set_pipeline_buffer_size(REQUEST_QUEUE);
         Ok(Self {
             name: spec.name.clone(),
             client,

@@ -344,3 +344,56 @@ async fn without_claim_stamps_locks_still_exclude_and_write_no_stamp() {
         .await
     );
 }
+
+/// Regression: under load a release must never overtake its own acquire on a node (which would
+/// leave the key behind and make the owner's next acquire of its *private* key fail).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_load_private_keys_never_see_their_own_leftovers() {
+    let cluster = Cluster::start(5).await.unwrap();
+    let rl = redlock::Redlock::builder()
+        .nodes(cluster.urls())
+        .retry(RetryPolicy::once())
+        .build()
+        .unwrap();
+    warm(&rl).await;
+    let stop = Instant::now() + Duration::from_secs(2);
+    let mut tasks = Vec::new();
+    for t in 0..256 {
+        let rl = rl.clone();
+        tasks.push(tokio::spawn(async move {
+            let resource = format!("private:{t}");
+            let (mut ok, mut failed) = (0u32, Vec::new());
+            while Instant::now() < stop {
+                match rl.try_acquire(&resource).await {
+                    Ok(lock) => {
+                        rl.release(lock).await.unwrap();
+                        ok += 1;
+                    }
+                    Err(e) => failed.push(e.to_string()),
+                }
+            }
+            (ok, failed)
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        let (ok, failed) = t.await.unwrap();
+        assert!(
+            failed.is_empty(),
+            "{} failures, first: {}",
+            failed.len(),
+            failed[0]
+        );
+        total += ok;
+    }
+    assert!(
+        total > 1_000,
+        "only {total} cycles: not enough load to mean anything"
+    );
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            lock_keys(&cluster).await.is_empty()
+        })
+        .await
+    );
+}

@@ -168,13 +168,15 @@ impl Backend for FakeBackend {
             d.last_apply = Some(at);
             at
         };
-        async move {
+        // Once sent, a request runs on the node whether or not anyone still waits for it.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
             tokio::time::sleep_until(apply_at).await;
-            let reply = apply(
-                &mut data.lock().unwrap(),
-                &op,
-                behaviour == Behaviour::Refuse,
-            );
+            let refuse = behaviour == Behaviour::Refuse;
+            let _ = tx.send(apply(&mut data.lock().unwrap(), &op, refuse));
+        });
+        async move {
+            let reply = rx.await.expect("fake node task");
             if behaviour == Behaviour::Fail {
                 Err(NodeError::new(NodeErrorKind::Io, "connection reset"))
             } else {
