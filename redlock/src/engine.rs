@@ -11,9 +11,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use futures_util::future::{BoxFuture, Either};
+use futures_util::future::{self as future, BoxFuture, Either};
 use futures_util::stream::FuturesUnordered;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use crate::backend::{Backend, Op, Reply};
 use crate::error::{NodeError, NodeOutcome, NodeReport, Phase as PhaseName};
@@ -193,21 +194,20 @@ impl<B: Backend> Phase<B> {
             abandoned: false,
             cleaned: vec![false; n],
         }));
-        // Build the request futures here, so they are created in the order and at the moment
-        // the caller asked; the driver only polls them.
+        // Hand the requests over here, in the caller's order; the driver only polls them.
+        let now = Instant::now();
+        let deadlines: Vec<Instant> = (0..n).map(|i| now + backend.budget(i)).collect();
         let calls: FuturesUnordered<_> = (0..n)
             .map(|i| {
-                first_answer(
-                    i,
-                    backend.budget(i),
-                    handed_over(backend.call(i, Arc::clone(&op))),
-                )
+                let call = handed_over(backend.call(i, Arc::clone(&op)));
+                Box::pin(async move { (i, call.await) }) as Tagged
             })
             .collect();
         tokio::spawn(drive(
             Arc::clone(backend),
             Arc::clone(&state),
             calls,
+            deadlines,
             cleanup.clone(),
             name,
         ));
@@ -278,15 +278,6 @@ pub(crate) const DELIVERY_GRACE: Duration = Duration::from_secs(1);
 
 type NodeCall = BoxFuture<'static, Result<Reply, NodeError>>;
 
-/// What the driver learns about one node's request.
-enum Event {
-    /// The answer, or `Err` when the node's budget ran out first (the call is handed back so
-    /// it can still be delivered).
-    First(Result<Result<Reply, NodeError>, NodeCall>),
-    /// The request finished (or was given up) after its budget ran out.
-    Late,
-}
-
 /// Polls a fresh request once, here in the caller's task, so that it is handed to the node's
 /// connection in program order: a release or cleanup issued after an acquire is queued behind
 /// it on every node, whatever order the driver later polls in. (Leaving the first poll to the
@@ -304,22 +295,8 @@ fn handed_over(call: NodeCall) -> NodeCall {
     }
 }
 
-fn first_answer(i: usize, budget: Duration, call: NodeCall) -> BoxFuture<'static, (usize, Event)> {
-    Box::pin(async move {
-        let deadline = Box::pin(tokio::time::sleep(budget));
-        match futures_util::future::select(call, deadline).await {
-            Either::Left((answer, _)) => (i, Event::First(Ok(answer))),
-            Either::Right(((), call)) => (i, Event::First(Err(call))),
-        }
-    })
-}
-
-fn finish_late(i: usize, call: NodeCall) -> BoxFuture<'static, (usize, Event)> {
-    Box::pin(async move {
-        let _ = tokio::time::timeout(DELIVERY_GRACE, call).await;
-        (i, Event::Late)
-    })
-}
+/// A request tagged with its node.
+type Tagged = BoxFuture<'static, (usize, Result<Reply, NodeError>)>;
 
 /// Sends the cleanup request to node `i` in the background; it may wait up to
 /// [`DELIVERY_GRACE`] to be delivered.
@@ -338,31 +315,74 @@ fn send_cleanup<B: Backend>(backend: &Arc<B>, i: usize, op: Arc<Op>, phase: Phas
     });
 }
 
+/// Folds the answers into the state as they arrive. One timer per phase (not per node) marks
+/// nodes whose budget ran out as timed out; their requests keep being driven for
+/// [`DELIVERY_GRACE`] more, so that a request still queued in the client is written.
 async fn drive<B: Backend>(
     backend: Arc<B>,
     state: Arc<Mutex<State>>,
-    mut calls: FuturesUnordered<BoxFuture<'static, (usize, Event)>>,
+    mut calls: FuturesUnordered<Tagged>,
+    deadlines: Vec<Instant>,
     cleanup: Option<Arc<Op>>,
     phase: PhaseName,
 ) {
-    while let Some((i, event)) = calls.next().await {
-        let (outcome, stamp) = match event {
-            Event::First(Ok(Ok(Reply::Yes { stamp_us }))) => (NodeOutcome::Granted, stamp_us),
-            Event::First(Ok(Ok(Reply::No))) => (NodeOutcome::Refused, None),
-            Event::First(Ok(Err(e))) => (NodeOutcome::Failed(e), None),
-            Event::First(Err(call)) => {
-                // Keep driving the request so it is still written if it is only queued; its
-                // outcome stays "timed out" (unknown), which already counts as possibly held.
-                calls.push(finish_late(i, call));
-                (NodeOutcome::TimedOut, None)
+    let give_up = deadlines.iter().max().copied().unwrap_or_else(Instant::now) + DELIVERY_GRACE;
+    let mut settled = vec![false; deadlines.len()];
+    let next_deadline = |settled: &[bool]| {
+        deadlines
+            .iter()
+            .zip(settled)
+            .filter(|(_, done)| !**done)
+            .map(|(d, _)| *d)
+            .min()
+            .unwrap_or(give_up)
+    };
+    let mut timer = Box::pin(tokio::time::sleep_until(next_deadline(&settled)));
+    loop {
+        let (i, outcome, stamp) = match future::select(calls.next(), timer.as_mut()).await {
+            Either::Left((None, _)) => break,
+            Either::Left((Some((i, _)), _)) if settled[i] => continue, // a late answer
+            Either::Left((Some((i, answer)), _)) => match answer {
+                Ok(Reply::Yes { stamp_us }) => (i, NodeOutcome::Granted, stamp_us),
+                Ok(Reply::No) => (i, NodeOutcome::Refused, None),
+                Err(e) => (i, NodeOutcome::Failed(e), None),
+            },
+            Either::Right(((), _)) => {
+                let now = Instant::now();
+                if now >= give_up {
+                    break;
+                }
+                for i in 0..settled.len() {
+                    if !settled[i] && deadlines[i] <= now {
+                        settled[i] = true;
+                        record(&backend, &state, &cleanup, phase, i, NodeOutcome::TimedOut, None);
+                    }
+                }
+                timer.as_mut().reset(next_deadline(&settled));
+                continue;
             }
-            Event::Late => continue,
         };
-        telemetry::node_outcome(backend.name(i), phase, &outcome);
-        let needs_cleanup = lock(&state).settle(i, outcome, stamp);
-        if let (true, Some(op)) = (needs_cleanup, &cleanup) {
-            send_cleanup(&backend, i, Arc::clone(op), phase);
+        settled[i] = true;
+        record(&backend, &state, &cleanup, phase, i, outcome, stamp);
+        if settled.iter().all(|s| *s) {
+            timer.as_mut().reset(give_up);
         }
+    }
+}
+
+fn record<B: Backend>(
+    backend: &Arc<B>,
+    state: &Mutex<State>,
+    cleanup: &Option<Arc<Op>>,
+    phase: PhaseName,
+    i: usize,
+    outcome: NodeOutcome,
+    stamp: Option<u64>,
+) {
+    telemetry::node_outcome(backend.name(i), phase, &outcome);
+    let needs_cleanup = lock(state).settle(i, outcome, stamp);
+    if let (true, Some(op)) = (needs_cleanup, cleanup) {
+        send_cleanup(backend, i, Arc::clone(op), phase);
     }
 }
 
