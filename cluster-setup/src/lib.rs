@@ -4,11 +4,13 @@
 mod cluster;
 mod config;
 mod node;
+mod pg;
 mod proxy;
 
 pub use cluster::{Cluster, ClusterBuilder, DEFAULT_NODES};
 pub use config::{DataOnRestart, Persistence, TlsFiles};
 pub use node::RedisNode;
+pub use pg::{PgServer, tokio_postgres};
 pub use proxy::FaultProxy;
 /// The workspace's `redis` crate, so tests use the same version as the testkit.
 pub use redis;
