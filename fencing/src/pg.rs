@@ -1,0 +1,370 @@
+//! Admission in PostgreSQL, inside the caller's transaction; and a sequence as a scalar source.
+
+use tokio_postgres::types::Type;
+use tokio_postgres::{GenericClient, Transaction};
+
+use crate::error::FenceError;
+use crate::high_water::{Admission, HighWater};
+use crate::token::{ScalarToken, TokenRef};
+
+/// Default table of [`PgFence`]; its admission function is `fencing_high_water_admit`.
+pub const DEFAULT_PG_TABLE: &str = "fencing_high_water";
+
+/// Admission kept in PostgreSQL, for resources stored in the same database.
+///
+/// [`admit`](Self::admit) runs inside the caller's [`Transaction`]: the check, the advance and
+/// the caller's business write commit or roll back together, so a write is never applied
+/// without its admission, nor an admission recorded for a write that rolled back.
+///
+/// One row per resource (`resource`, `nodes text[]`, `stamps bigint[]`) is locked with
+/// `SELECT … FOR UPDATE` by the admission function, so concurrent admissions on one resource
+/// serialise and each sees the high water its predecessor committed; different resources do
+/// not contend. The row lock is held until the caller's transaction ends: keep fenced
+/// transactions short.
+///
+/// Under `REPEATABLE READ` or `SERIALIZABLE` a concurrent admission on the same resource makes
+/// the later transaction fail with a serialization error (SQLSTATE 40001); retry it as usual.
+///
+/// ```no_run
+/// # async fn demo(client: &mut tokio_postgres::Client, token: &fencing::FenceToken)
+/// # -> Result<(), fencing::FenceError> {
+/// let fence = fencing::PgFence::new();
+/// fence.create_schema(&*client).await?; // once, at deployment
+/// let tx = client.transaction().await?;
+/// fence.admit(&tx, "orders:42", token).await?; // Err(Stale) → drop tx, nothing is written
+/// tx.execute("UPDATE orders SET state = 'paid' WHERE id = 42", &[]).await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PgFence {
+    table: String,
+    admit_sql: String,
+}
+
+impl Default for PgFence {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PgFence {
+    /// A fence on [`DEFAULT_PG_TABLE`] in the search path.
+    pub fn new() -> Self {
+        Self::build(DEFAULT_PG_TABLE.to_owned())
+    }
+
+    /// A fence on `table` (`name` or `schema.name`, lower-case letters, digits and `_`,
+    /// at most 48 bytes per part, so that the function name `<table>_admit` is a valid
+    /// identifier).
+    ///
+    /// # Errors
+    ///
+    /// [`FenceError::InvalidConfig`] for any other name (names are spliced into SQL).
+    pub fn with_table(table: &str) -> Result<Self, FenceError> {
+        check_ident(table)?;
+        Ok(Self::build(table.to_owned()))
+    }
+
+    fn build(table: String) -> Self {
+        let admit_sql =
+            format!("SELECT verdict, hw_nodes, hw_stamps FROM {table}_admit($1, $2, $3)");
+        Self { table, admit_sql }
+    }
+
+    /// The table's name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The DDL [`create_schema`](Self::create_schema) runs: the table, the admission function
+    /// `<table>_admit(resource, nodes, stamps)` returning `(verdict, hw_nodes, hw_stamps)`
+    /// (verdict 1 advanced, 2 repeated, -1 stale, -2 unrelated) and
+    /// `<table>_admit_or_raise(resource, nodes, stamps)`, which raises SQLSTATE `FN001`
+    /// (stale) or `FN002` (unrelated) instead, for fencing from plain SQL.
+    pub fn schema_sql(&self) -> String {
+        SCHEMA_SQL.replace("{table}", &self.table)
+    }
+
+    /// Creates the table and functions if they do not exist (replacing the functions).
+    ///
+    /// # Errors
+    ///
+    /// [`FenceError::Postgres`].
+    ///
+    /// # Cancel safety
+    ///
+    /// The DDL runs as one implicit transaction: dropping the future leaves either all of it or
+    /// none. Running it again is harmless.
+    pub async fn create_schema(&self, client: &impl GenericClient) -> Result<(), FenceError> {
+        client.batch_execute(&self.schema_sql()).await?;
+        Ok(())
+    }
+
+    /// Checks `token` against `resource`'s high water and advances it, inside `tx`. Do the
+    /// protected write in the same transaction, after this call; commit both together.
+    ///
+    /// # Errors
+    ///
+    /// [`FenceError::Stale`] / [`FenceError::Unrelated`] when rejected: nothing was changed,
+    /// the transaction is still usable, and the caller should roll it back.
+    /// [`FenceError::StampOutOfRange`], [`FenceError::Postgres`] (the transaction is then
+    /// aborted), [`FenceError::UnexpectedReply`] on schema drift.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future leaves the transaction in an unknown state; drop the transaction
+    /// too (tokio-postgres rolls it back).
+    pub async fn admit<'a>(
+        &self,
+        tx: &Transaction<'_>,
+        resource: &str,
+        token: impl Into<TokenRef<'a>>,
+    ) -> Result<Admission, FenceError> {
+        let token = token.into();
+        token.validate()?;
+        let (nodes, stamps): (Vec<&str>, Vec<i64>) = token
+            .pairs()
+            // Stamps were checked against MAX_STAMP = i64::MAX.
+            .map(|(n, s)| (n, s as i64))
+            .unzip();
+        let row = tx
+            .query_typed_one(
+                &self.admit_sql,
+                &[
+                    (&resource, Type::TEXT),
+                    (&nodes, Type::TEXT_ARRAY),
+                    (&stamps, Type::INT8_ARRAY),
+                ],
+            )
+            .await?;
+        let verdict: i16 = row.try_get(0)?;
+        let high_water = || -> Result<HighWater, FenceError> {
+            let nodes: Vec<String> = row.try_get(1)?;
+            let stamps: Vec<i64> = row.try_get(2)?;
+            high_water_from(nodes, stamps)
+        };
+        match verdict {
+            1 => Ok(Admission::Advanced),
+            2 => Ok(Admission::Repeated),
+            -1 => Err(FenceError::Stale {
+                offered: token.to_token(),
+                high_water: high_water()?,
+            }),
+            -2 => Err(FenceError::Unrelated {
+                offered: token.to_token(),
+                high_water: high_water()?,
+            }),
+            other => Err(FenceError::UnexpectedReply {
+                reason: format!("admission function returned verdict {other}"),
+            }),
+        }
+    }
+
+    /// `resource`'s high water as committed (or as seen by `client`'s transaction).
+    ///
+    /// # Errors
+    ///
+    /// [`FenceError::Postgres`], [`FenceError::UnexpectedReply`] on schema drift.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: a read.
+    pub async fn high_water(
+        &self,
+        client: &impl GenericClient,
+        resource: &str,
+    ) -> Result<HighWater, FenceError> {
+        let sql = format!(
+            "SELECT nodes, stamps FROM {} WHERE resource = $1",
+            self.table
+        );
+        match client
+            .query_typed_opt(&sql, &[(&resource, Type::TEXT)])
+            .await?
+        {
+            None => Ok(HighWater::new()),
+            Some(row) => high_water_from(row.try_get(0)?, row.try_get(1)?),
+        }
+    }
+}
+
+fn high_water_from(nodes: Vec<String>, stamps: Vec<i64>) -> Result<HighWater, FenceError> {
+    if nodes.len() != stamps.len() || stamps.iter().any(|&s| s < 0) {
+        return Err(FenceError::UnexpectedReply {
+            reason: "high-water row has mismatched or negative stamps".to_owned(),
+        });
+    }
+    Ok(HighWater::from_entries(
+        nodes.into_iter().zip(stamps.into_iter().map(|s| s as u64)),
+    ))
+}
+
+/// An authoritative monotonic source of [`ScalarToken`]s: a PostgreSQL sequence.
+///
+/// `nextval` never hands one value to two callers and never goes back (unless an operator
+/// resets the sequence), which is all a scalar token needs. Values skipped by rolled-back
+/// transactions are harmless.
+#[derive(Debug, Clone)]
+pub struct PgSequence {
+    name: String,
+    next_sql: String,
+}
+
+impl PgSequence {
+    /// A sequence called `name` (`name` or `schema.name`, lower-case letters, digits, `_`).
+    ///
+    /// # Errors
+    ///
+    /// [`FenceError::InvalidConfig`] for any other name.
+    pub fn new(name: &str) -> Result<Self, FenceError> {
+        check_ident(name)?;
+        Ok(Self {
+            name: name.to_owned(),
+            next_sql: format!("SELECT nextval('{name}')"),
+        })
+    }
+
+    /// Creates the sequence if it does not exist.
+    ///
+    /// # Errors
+    ///
+    /// [`FenceError::Postgres`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Idempotent: run it again.
+    pub async fn create(&self, client: &impl GenericClient) -> Result<(), FenceError> {
+        client
+            .batch_execute(&format!("CREATE SEQUENCE IF NOT EXISTS {}", self.name))
+            .await?;
+        Ok(())
+    }
+
+    /// The next token.
+    ///
+    /// # Errors
+    ///
+    /// [`FenceError::Postgres`].
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped call may consume a value nobody sees; harmless.
+    pub async fn next(&self, client: &impl GenericClient) -> Result<ScalarToken, FenceError> {
+        let row = client.query_typed_one(&self.next_sql, &[]).await?;
+        let v: i64 = row.try_get(0)?;
+        u64::try_from(v)
+            .map(ScalarToken)
+            .map_err(|_| FenceError::UnexpectedReply {
+                reason: format!("sequence {} returned a negative value", self.name),
+            })
+    }
+}
+
+fn check_ident(name: &str) -> Result<(), FenceError> {
+    let valid_part = |p: &str| {
+        !p.is_empty()
+            && p.len() <= 48
+            && p.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            && !p.as_bytes()[0].is_ascii_digit()
+    };
+    let parts: Vec<&str> = name.split('.').collect();
+    if parts.len() <= 2 && parts.iter().all(|p| valid_part(p)) {
+        Ok(())
+    } else {
+        Err(FenceError::InvalidConfig {
+            reason: format!(
+                "{name:?} is not a plain lower-case SQL identifier (optionally schema-qualified)"
+            ),
+        })
+    }
+}
+
+/// `{table}` is replaced by the validated table name.
+///
+/// The high water of a resource is one row, so that `FOR UPDATE` on it serialises concurrent
+/// admissions even before the resource's first admission: the `INSERT … ON CONFLICT DO
+/// NOTHING` makes the row exist (a concurrent inserter waits on the unique index until the
+/// first commits), then the row lock orders everyone. Under READ COMMITTED each statement of
+/// the function takes a fresh snapshot, so the locked row is the latest committed version.
+const SCHEMA_SQL: &str = r"
+CREATE TABLE IF NOT EXISTS {table} (
+    resource text PRIMARY KEY,
+    nodes    text[]   NOT NULL,
+    stamps   bigint[] NOT NULL,
+    CHECK (cardinality(nodes) = cardinality(stamps))
+);
+
+CREATE OR REPLACE FUNCTION {table}_admit(p_resource text, p_nodes text[], p_stamps bigint[])
+RETURNS TABLE (verdict smallint, hw_nodes text[], hw_stamps bigint[])
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    h_nodes  text[];
+    h_stamps bigint[];
+    j        int;
+    shared   boolean := false;
+    same     boolean := true;
+BEGIN
+    IF cardinality(p_nodes) IS DISTINCT FROM cardinality(p_stamps) OR cardinality(p_nodes) = 0 THEN
+        RAISE EXCEPTION 'fence token needs as many stamps as nodes, and at least one'
+            USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO {table} (resource, nodes, stamps) VALUES (p_resource, '{}', '{}')
+        ON CONFLICT (resource) DO NOTHING;
+    SELECT t.nodes, t.stamps INTO h_nodes, h_stamps
+        FROM {table} t WHERE t.resource = p_resource FOR UPDATE;
+
+    FOR i IN 1 .. cardinality(p_nodes) LOOP
+        j := array_position(h_nodes, p_nodes[i]);
+        IF j IS NULL THEN
+            same := false;
+        ELSE
+            shared := true;
+            IF p_stamps[i] < h_stamps[j] THEN
+                RETURN QUERY SELECT (-1)::smallint, h_nodes, h_stamps;
+                RETURN;
+            ELSIF p_stamps[i] > h_stamps[j] THEN
+                same := false;
+            END IF;
+        END IF;
+    END LOOP;
+
+    IF NOT shared AND cardinality(h_nodes) > 0 THEN
+        RETURN QUERY SELECT (-2)::smallint, h_nodes, h_stamps;
+        RETURN;
+    END IF;
+    IF same THEN
+        RETURN QUERY SELECT 2::smallint, h_nodes, h_stamps;
+        RETURN;
+    END IF;
+
+    FOR i IN 1 .. cardinality(p_nodes) LOOP
+        j := array_position(h_nodes, p_nodes[i]);
+        IF j IS NULL THEN
+            h_nodes  := h_nodes  || p_nodes[i];
+            h_stamps := h_stamps || p_stamps[i];
+        ELSE
+            h_stamps[j] := p_stamps[i];
+        END IF;
+    END LOOP;
+    UPDATE {table} SET nodes = h_nodes, stamps = h_stamps WHERE resource = p_resource;
+    RETURN QUERY SELECT 1::smallint, h_nodes, h_stamps;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION {table}_admit_or_raise(p_resource text, p_nodes text[], p_stamps bigint[])
+RETURNS void
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v smallint;
+BEGIN
+    SELECT a.verdict INTO v FROM {table}_admit(p_resource, p_nodes, p_stamps) a;
+    IF v = -1 THEN
+        RAISE EXCEPTION 'stale fence token for %', p_resource USING ERRCODE = 'FN001';
+    ELSIF v = -2 THEN
+        RAISE EXCEPTION 'unrelated fence token for %', p_resource USING ERRCODE = 'FN002';
+    END IF;
+END
+$fn$;
+";

@@ -1,0 +1,267 @@
+//! The text form, serde, bad input, and the in-memory fence.
+
+use std::sync::Arc;
+
+use fencing::{
+    Admission, FenceError, FenceToken, HighWater, MAX_CLAIMS, MAX_NODE_NAME_LEN, MAX_STAMP,
+    MAX_TOKEN_TEXT_LEN, MemoryFence, ScalarToken, Token,
+};
+use proptest::prelude::*;
+
+fn t(s: &str) -> FenceToken {
+    s.parse().unwrap()
+}
+
+#[test]
+fn canonical_text_form() {
+    let token = FenceToken::new([
+        ("127.0.0.1:7002", 1_716_200_000_000_017),
+        ("127.0.0.1:7001", 1_716_200_000_000_001),
+    ])
+    .unwrap();
+    let text = token.to_string();
+    assert_eq!(
+        text,
+        "f1,127.0.0.1:7001=1716200000000001,127.0.0.1:7002=1716200000000017"
+    );
+    assert_eq!(text.parse::<FenceToken>().unwrap(), token);
+    // Claim order in the input does not matter; the output is sorted.
+    assert_eq!(
+        t("f1,127.0.0.1:7002=1716200000000017,127.0.0.1:7001=1716200000000001"),
+        token
+    );
+    assert_eq!(token.stamp("127.0.0.1:7002"), Some(1_716_200_000_000_017));
+    assert_eq!(token.stamp("nope"), None);
+    assert_eq!(token.len(), 2);
+    // Names outside the safe set are %-escaped, so the text is header- and env-safe.
+    let odd = FenceToken::new([("node one,=%é", 5u64), ("/run/redis.sock", 6)]).unwrap();
+    let text = odd.to_string();
+    assert_eq!(text, "f1,/run/redis.sock=6,node%20one%2C%3D%25%C3%A9=5");
+    assert!(
+        text.bytes()
+            .all(|b| b.is_ascii_graphic() && b != b';' && b != b'"')
+    );
+    assert_eq!(text.parse::<FenceToken>().unwrap(), odd);
+    assert_eq!(format!("{odd:?}"), format!("FenceToken({text})"));
+}
+
+#[test]
+fn serde_uses_the_text_form() {
+    let token = t("f1,a=1,b=2");
+    let json = serde_json::to_string(&token).unwrap();
+    assert_eq!(json, r#""f1,a=1,b=2""#);
+    assert_eq!(serde_json::from_str::<FenceToken>(&json).unwrap(), token);
+    let err = serde_json::from_str::<FenceToken>(r#""f1,a=01""#).unwrap_err();
+    assert!(err.to_string().contains("leading zero"), "{err}");
+    assert!(serde_json::from_str::<FenceToken>("17").is_err());
+    assert_eq!(serde_json::to_string(&ScalarToken(7)).unwrap(), "7");
+    assert_eq!(
+        serde_json::from_str::<ScalarToken>("7").unwrap(),
+        ScalarToken(7)
+    );
+}
+
+#[test]
+fn bad_input_gets_typed_errors() {
+    use FenceError::*;
+    let cases: Vec<(String, fn(&FenceError) -> bool)> = vec![
+        ("".into(), |e| matches!(e, EmptyToken)),
+        ("   ".into(), |e| matches!(e, EmptyToken)),
+        ("f1".into(), |e| matches!(e, EmptyToken)),
+        ("f1,".into(), |e| matches!(e, MalformedToken { .. })),
+        ("f2,a=1".into(), |e| {
+            matches!(e, MalformedToken { position: 0, .. })
+        }),
+        ("a=1".into(), |e| matches!(e, MalformedToken { .. })),
+        ("f1,a".into(), |e| matches!(e, MalformedToken { .. })),
+        ("f1,a=".into(), |e| matches!(e, MalformedToken { .. })),
+        ("f1,=5".into(), |e| matches!(e, InvalidNodeName { .. })),
+        ("f1,a=1,,b=2".into(), |e| matches!(e, MalformedToken { .. })),
+        ("f1,a=-1".into(), |e| matches!(e, MalformedToken { .. })),
+        ("f1,a=1x".into(), |e| matches!(e, MalformedToken { .. })),
+        ("f1,a=007".into(), |e| matches!(e, MalformedToken { .. })),
+        ("f1,a b=1".into(), |e| matches!(e, MalformedToken { .. })),
+        ("f1,a%2=1".into(), |e| matches!(e, MalformedToken { .. })),
+        ("f1,a%2c=1".into(), |e| matches!(e, MalformedToken { .. })),
+        ("f1,%61=1".into(), |e| matches!(e, MalformedToken { .. })), // needless escape of `a`
+        ("f1,%FF=1".into(), |e| matches!(e, MalformedToken { .. })), // not UTF-8
+        (
+            "f1,a=1,a=2".into(),
+            |e| matches!(e, DuplicateNode { node } if node == "a"),
+        ),
+        ("f1,a=9223372036854775808".into(), |e| {
+            matches!(e, StampOutOfRange { .. })
+        }),
+        ("f1,a=99999999999999999999999".into(), |e| {
+            matches!(e, StampOutOfRange { .. })
+        }),
+        (format!("f1,{}=1", "n".repeat(MAX_NODE_NAME_LEN + 1)), |e| {
+            matches!(e, InvalidNodeName { .. })
+        }),
+        (
+            format!(
+                "f1,{}",
+                (0..=MAX_CLAIMS)
+                    .map(|i| format!("n{i}=1"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            |e| matches!(e, TooManyClaims { .. }),
+        ),
+        ("x".repeat(MAX_TOKEN_TEXT_LEN + 1), |e| {
+            matches!(e, TokenTooLong { .. })
+        }),
+        ("f1,a=1".repeat(1 << 20), |e| {
+            matches!(e, TokenTooLong { .. })
+        }),
+    ];
+    for (input, expected) in cases {
+        let err = input.parse::<FenceToken>().unwrap_err();
+        let shown: String = input.chars().take(60).collect();
+        assert!(expected(&err), "{shown:?} gave {err:?}");
+        assert!(!err.to_string().is_empty());
+    }
+    assert!(matches!(
+        FenceToken::new(Vec::<(&str, u64)>::new()),
+        Err(FenceError::EmptyToken)
+    ));
+    assert!(matches!(
+        FenceToken::new([("a", MAX_STAMP + 1)]),
+        Err(FenceError::StampOutOfRange { .. })
+    ));
+    assert!(matches!(
+        FenceToken::new([("", 1)]),
+        Err(FenceError::InvalidNodeName { .. })
+    ));
+    assert!(matches!(
+        "".parse::<ScalarToken>(),
+        Err(FenceError::EmptyToken)
+    ));
+    assert!(matches!(
+        "1".repeat(21).parse::<ScalarToken>(),
+        Err(FenceError::TokenTooLong { .. })
+    ));
+    assert!(matches!(
+        "12a".parse::<ScalarToken>(),
+        Err(FenceError::MalformedToken { .. })
+    ));
+    // The largest valid token still fits under the text limit.
+    let biggest = FenceToken::new((0..MAX_CLAIMS).map(|i| {
+        let name: String = format!("{i:02}{}", "é".repeat((MAX_NODE_NAME_LEN - 2) / 2));
+        (name, MAX_STAMP)
+    }))
+    .unwrap();
+    let text = biggest.to_string();
+    assert!(
+        text.len() <= MAX_TOKEN_TEXT_LEN,
+        "{} > {}",
+        text.len(),
+        MAX_TOKEN_TEXT_LEN
+    );
+    assert_eq!(text.parse::<FenceToken>().unwrap(), biggest);
+}
+
+#[test]
+fn rejection_messages_name_both_tokens() {
+    let fence = MemoryFence::new();
+    fence.admit("r", &t("f1,a=5,b=5")).unwrap();
+    let err = fence.admit("r", &t("f1,a=4,c=9")).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "stale fence token f1,a=4,c=9: the resource already admitted a newer grant (high water f1,a=5,b=5)"
+    );
+    match err {
+        FenceError::Stale {
+            offered,
+            high_water,
+        } => {
+            assert_eq!(offered, Token::Claims(t("f1,a=4,c=9")));
+            assert_eq!(high_water.get("a"), Some(5));
+        }
+        other => panic!("{other:?}"),
+    }
+    let err = fence.admit("r", &t("f1,x=1")).unwrap_err();
+    assert!(err.is_unrelated() && err.is_rejection());
+    assert!(
+        err.to_string().starts_with("unrelated fence token f1,x=1"),
+        "{err}"
+    );
+}
+
+#[test]
+fn memory_fence_rule() {
+    let fence = Arc::new(MemoryFence::new());
+    let g1 = t("f1,a=10,b=10,c=10");
+    let g2 = t("f1,a=20,b=20,d=20");
+    let g3 = t("f1,c=30,d=30,e=30");
+    assert_eq!(fence.admit("r", &g2).unwrap(), Admission::Advanced);
+    assert_eq!(fence.admit("r", &g2).unwrap(), Admission::Repeated);
+    assert!(fence.admit("r", &g1).unwrap_err().is_stale());
+    // g3 shares only d with the history, and is newer there.
+    assert_eq!(fence.admit("r", &g3).unwrap(), Admission::Advanced);
+    assert_eq!(
+        fence.high_water("r"),
+        HighWater::from_entries([("a", 20), ("b", 20), ("c", 30), ("d", 30), ("e", 30)])
+    );
+    assert!(fence.admit("r", &g2).unwrap_err().is_stale());
+    // Resources are independent.
+    assert_eq!(fence.admit("other", &g1).unwrap(), Admission::Advanced);
+    // Scalars: `last ≤ token`, equal is the same holder retrying.
+    assert_eq!(
+        fence.admit("s", ScalarToken(5)).unwrap(),
+        Admission::Advanced
+    );
+    assert_eq!(
+        fence.admit("s", ScalarToken(5)).unwrap(),
+        Admission::Repeated
+    );
+    assert!(fence.admit("s", ScalarToken(4)).unwrap_err().is_stale());
+    assert!(fence.admit("s", &g1).unwrap_err().is_unrelated());
+    assert!(
+        fence
+            .admit("r", ScalarToken(1 << 60))
+            .unwrap_err()
+            .is_unrelated()
+    );
+    assert!(matches!(
+        fence.admit("s", ScalarToken(u64::MAX)),
+        Err(FenceError::StampOutOfRange { .. })
+    ));
+    assert_eq!(fence.high_water("s").scalar(), Some(5));
+    assert_eq!(fence.high_water("s").to_string(), "scalar 5");
+    // The protected write runs only when admitted, under the fence's lock.
+    let (_, v) = fence.admit_with("r", &g3, |a| format!("{a:?}")).unwrap();
+    assert_eq!(v, "Repeated");
+    let mut ran = false;
+    assert!(fence.admit_with("r", &g1, |_| ran = true).is_err());
+    assert!(!ran);
+    fence.reset("r");
+    assert_eq!(fence.admit("r", &g1).unwrap(), Admission::Advanced);
+}
+
+fn arb_name() -> impl Strategy<Value = String> {
+    prop_oneof!["[a-z0-9.:-]{1,20}", "\\PC{1,12}", "[ -~]{1,30}",].prop_filter("byte length", |s| {
+        !s.is_empty() && s.len() <= MAX_NODE_NAME_LEN
+    })
+}
+
+proptest! {
+    #[test]
+    fn text_form_round_trips(claims in proptest::collection::btree_map(arb_name(), 0..=MAX_STAMP, 1..8)) {
+        let token = FenceToken::new(claims.clone()).unwrap();
+        let text = token.to_string();
+        prop_assert!(text.bytes().all(|b| b.is_ascii_graphic()));
+        let back: FenceToken = text.parse().unwrap();
+        prop_assert_eq!(&back, &token);
+        prop_assert_eq!(back.to_string(), text);
+        for (n, s) in &claims {
+            prop_assert_eq!(token.stamp(n), Some(*s));
+        }
+    }
+
+    #[test]
+    fn garbage_never_panics(s in "\\PC{0,64}|f1,[ -~]{0,64}") {
+        let _ = s.parse::<FenceToken>();
+        let _ = s.parse::<ScalarToken>();
+    }
+}
