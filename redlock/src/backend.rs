@@ -16,6 +16,10 @@ pub(crate) enum Op {
     Acquire {
         /// `None` when claim stamps are off.
         stamp_key: Option<Arc<str>>,
+        /// The node's birth record, for the restart quarantine.
+        born_key: Arc<str>,
+        /// Restart quarantine in ms; 0 = off.
+        quarantine_ms: u64,
         keys: Arc<[String]>,
         token: Token,
         ttl_ms: u64,
@@ -28,8 +32,12 @@ pub(crate) enum Op {
         token: Token,
         ttl_ms: u64,
     },
-    /// Owner-checked delete of every key.
-    Release { keys: Arc<[String]>, token: Token },
+    /// Owner-checked delete of every key, publishing a wake-up on each deleted key's channel.
+    Release {
+        keys: Arc<[String]>,
+        token: Token,
+        channels: Arc<[String]>,
+    },
 }
 
 /// A node's answer, stripped to what the quorum engine needs.
@@ -53,4 +61,17 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Sends `op` to node `i`. The future must make progress on its own once created
     /// (it is polled from a spawned task) and must not borrow `self`.
     fn call(&self, i: usize, op: Arc<Op>) -> BoxFuture<'static, Result<Reply, NodeError>>;
+    /// Extends many locks on node `i` in one round trip; one `true` per extended lock.
+    fn extend_many(
+        &self,
+        i: usize,
+        batch: Arc<Batch>,
+    ) -> BoxFuture<'static, Result<Vec<bool>, NodeError>>;
+}
+
+/// Locks renewed together: their keys and tokens, and the TTL they all get.
+#[derive(Debug)]
+pub(crate) struct Batch {
+    pub(crate) ttl_ms: u64,
+    pub(crate) locks: Vec<(Arc<[String]>, Token)>,
 }

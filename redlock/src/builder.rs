@@ -8,6 +8,7 @@ use crate::config::{Config, RetryPolicy};
 use crate::engine;
 use crate::error::{ConfigError, Error};
 use crate::node::{NodeSpec, RedisBackend, RedisNode, redact_url};
+use crate::waiters::Waiters;
 
 /// Builds a [`Redlock`]. Nothing connects until the first request.
 #[must_use]
@@ -102,6 +103,24 @@ impl RedlockBuilder {
         self
     }
 
+    /// How often guards renew their locks. Default: TTL/3.
+    pub fn renew_every(mut self, every: Duration) -> Self {
+        self.config.renew_every = Some(every);
+        self
+    }
+
+    /// Longest time a guard keeps renewing one lock. Default: [`DEFAULT_MAX_HOLD`](crate::DEFAULT_MAX_HOLD).
+    pub fn max_hold(mut self, max: Duration) -> Self {
+        self.config.max_hold = max;
+        self
+    }
+
+    /// Enables the restart quarantine (see [`Config::restart_quarantine`]).
+    pub fn restart_quarantine(mut self, quarantine: Duration) -> Self {
+        self.config.restart_quarantine = Some(quarantine);
+        self
+    }
+
     /// Whether grants issue claim stamps (needed for fencing). Default: `true`.
     pub fn claim_stamps(mut self, on: bool) -> Self {
         self.config.claim_stamps = on;
@@ -156,6 +175,26 @@ impl RedlockBuilder {
             .into());
         }
         c.retry.validate().map_err(ConfigError::InvalidRetry)?;
+        if let Some(every) = c.renew_every
+            && (every.is_zero() || every >= c.ttl)
+        {
+            return Err(ConfigError::InvalidLease(format!(
+                "renew_every {every:?} must be > 0 and shorter than the ttl {:?}",
+                c.ttl
+            ))
+            .into());
+        }
+        if c.max_hold.is_zero() {
+            return Err(ConfigError::InvalidLease("max_hold must be positive".into()).into());
+        }
+        if c.restart_quarantine
+            .is_some_and(|q| q < Duration::from_millis(1))
+        {
+            return Err(ConfigError::InvalidLease(
+                "restart_quarantine must be at least 1 ms (leave it unset to turn it off)".into(),
+            )
+            .into());
+        }
         let prefix_ok =
             c.key_prefix.len() <= 64 && c.key_prefix.bytes().all(|b| b.is_ascii_graphic());
         if !prefix_ok {
@@ -216,6 +255,14 @@ impl RedlockBuilder {
             node_timeout: c.node_timeout,
             connect_timeout: c.connect_timeout,
         };
-        Ok(Redlock::from_core(Core::new(self.config, backend)))
+        let waiters = Waiters::new(
+            backend.nodes.iter().map(|n| n.client().clone()).collect(),
+            c.node_timeout.max(Duration::from_millis(200)),
+        );
+        Ok(Redlock::from_core(Core::new(
+            self.config,
+            backend,
+            Some(waiters),
+        )))
     }
 }

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use futures_util::future::join_all;
 use rand::Rng;
 use tokio::time::Instant;
@@ -13,10 +14,12 @@ use crate::builder::RedlockBuilder;
 use crate::config::{Config, MAX_RESOURCES_PER_LOCK, RetryPolicy};
 use crate::engine::{self, Goal, Phase};
 use crate::error::{Error, NodeOutcome, NodeReport, Phase as PhaseName, ResourceError};
+use crate::lease::{Lease, LockGuard, LostReason, Renewals};
 use crate::lock::{Claim, Lock, ReleaseReport};
 use crate::node::RedisBackend;
 use crate::telemetry;
 use crate::token::Token;
+use crate::waiters::{Interest, Waiters};
 
 /// A shared, immutable list of resource names or keys.
 type Names = Arc<[String]>;
@@ -26,19 +29,34 @@ pub(crate) struct Core<B> {
     pub(crate) config: Config,
     pub(crate) backend: Arc<B>,
     stamp_key: Arc<str>,
+    born_key: Arc<str>,
     lock_prefix: String,
+    channel_prefix: String,
+    pub(crate) renewals: Arc<Renewals>,
+    waiters: Option<Arc<Waiters>>,
 }
 
 impl<B: Backend> Core<B> {
-    pub(crate) fn new(config: Config, backend: B) -> Self {
-        let stamp_key = format!("{}stamp", config.key_prefix).into();
-        let lock_prefix = format!("{}lock:", config.key_prefix);
+    pub(crate) fn new(config: Config, backend: B, waiters: Option<Waiters>) -> Self {
+        let p = &config.key_prefix;
         Self {
+            stamp_key: format!("{p}stamp").into(),
+            born_key: format!("{p}born").into(),
+            lock_prefix: format!("{p}lock:"),
+            channel_prefix: format!("{p}release:"),
             config,
             backend: Arc::new(backend),
-            stamp_key,
-            lock_prefix,
+            renewals: Arc::default(),
+            waiters: waiters.map(Arc::new),
         }
+    }
+
+    /// The wake-up channel of each resource.
+    fn channels(&self, resources: &[String]) -> Arc<[String]> {
+        resources
+            .iter()
+            .map(|r| format!("{}{r}", self.channel_prefix))
+            .collect()
     }
 
     pub(crate) fn quorum(&self) -> usize {
@@ -98,6 +116,8 @@ impl<B: Backend> Core<B> {
                 .config
                 .claim_stamps
                 .then(|| Arc::clone(&self.stamp_key)),
+            born_key: Arc::clone(&self.born_key),
+            quarantine_ms: self.config.restart_quarantine.map_or(0, |q| self.ttl_ms(q)),
             keys: Arc::clone(keys),
             token: token.clone(),
             ttl_ms: self.ttl_ms(ttl),
@@ -106,6 +126,7 @@ impl<B: Backend> Core<B> {
         let cleanup = Arc::new(Op::Release {
             keys: Arc::clone(keys),
             token: token.clone(),
+            channels: self.channels(resources),
         });
         let mut phase = Phase::start(
             &self.backend,
@@ -184,6 +205,10 @@ impl<B: Backend> Core<B> {
         async {
             let started = Instant::now();
             let mut attempts = 0u32;
+            // Set once the lock turns out to be busy: our FIFO turn among local waiters on the
+            // same resources, and the release notifications we wait for.
+            let mut turn: Option<tokio::sync::OwnedMutexGuard<()>> = None;
+            let mut interest: Option<Interest> = None;
             loop {
                 attempts += 1;
                 let fixed = token.is_some();
@@ -191,6 +216,12 @@ impl<B: Backend> Core<B> {
                     Some(t) => t.clone(),
                     None => Token::random().map_err(Error::Entropy)?,
                 };
+                // Listen before trying, so a release between the attempt and the wait counts.
+                let notified = interest.as_ref().map(|i| Arc::clone(&i.notify));
+                let mut notified = notified.as_ref().map(|n| Box::pin(n.notified()));
+                if let Some(n) = notified.as_mut() {
+                    n.as_mut().enable();
+                }
                 let result = self.attempt(&resources, &keys, token, fixed).await;
                 let err = match result {
                     Ok(lock) => {
@@ -207,13 +238,36 @@ impl<B: Backend> Core<B> {
                     None
                 };
                 tracing::debug!(attempts, error = %err, retry_in = ?pause, "attempt failed");
-                match pause {
-                    Some(pause) => tokio::time::sleep(pause).await,
-                    None => {
-                        telemetry::acquire_done(&Err(&err), attempts, started.elapsed());
-                        return Err(err);
+                let Some(pause) = pause else {
+                    telemetry::acquire_done(&Err(&err), attempts, started.elapsed());
+                    return Err(err);
+                };
+                match (&self.waiters, err.is_busy(), &interest) {
+                    (Some(waiters), true, None) => {
+                        // Queue behind this client's other waiters (bounded by the policy), then
+                        // subscribe and retry at once: the holder may have left meanwhile.
+                        let limit = policy.wait_limit(self.config.node_timeout).saturating_sub(started.elapsed());
+                        let queue = waiters.turn(&keys.join("\n"));
+                        match tokio::time::timeout(limit, queue.lock_owned()).await {
+                            Ok(t) => turn = Some(t),
+                            Err(_) => {
+                                telemetry::acquire_done(&Err(&err), attempts, started.elapsed());
+                                return Err(err);
+                            }
+                        }
+                        let channel = format!("{}{}", self.channel_prefix, resources[0]);
+                        interest = Some(waiters.interest(&channel).await);
                     }
+                    (_, _, Some(_)) if notified.is_some() => {
+                        let wake = notified.take();
+                        tokio::select! {
+                            () = async { if let Some(w) = wake { w.await } } => {}
+                            () = tokio::time::sleep(pause) => {}
+                        }
+                    }
+                    _ => tokio::time::sleep(pause).await,
                 }
+                let _ = &turn;
             }
         }
         .instrument(span)
@@ -278,11 +332,24 @@ impl<B: Backend> Core<B> {
     }
 
     pub(crate) async fn release(&self, lock: Lock) -> Result<ReleaseReport, Error> {
-        let span = tracing::debug_span!("redlock.release", resources = ?&*lock.resources, token = %lock.token);
+        self.release_parts(&lock.resources, &lock.keys, &lock.token)
+            .await
+    }
+
+    pub(crate) async fn release_parts(
+        &self,
+        resources: &Names,
+        keys: &Names,
+        token: &Token,
+    ) -> Result<ReleaseReport, Error> {
+        let span =
+            tracing::debug_span!("redlock.release", resources = ?&**resources, token = %token);
         async {
+            let channels = self.channels(resources);
             let op = Arc::new(Op::Release {
-                keys: Arc::clone(&lock.keys),
-                token: lock.token.clone(),
+                keys: Arc::clone(keys),
+                token: token.clone(),
+                channels: Arc::clone(&channels),
             });
             let mut phase = Phase::start(
                 &self.backend,
@@ -293,6 +360,12 @@ impl<B: Backend> Core<B> {
             );
             let d = phase.decided().await;
             telemetry::release_done(d.success);
+            if let Some(w) = &self.waiters {
+                // Local waiters need not wait for the notification's round trip.
+                for c in channels.iter() {
+                    w.notify_local(c);
+                }
+            }
             let nodes = d.reports(&*self.backend);
             if d.success {
                 tracing::debug!(confirmed = d.positive, "released");
@@ -531,6 +604,56 @@ impl Redlock {
     /// The deletes are sent by a background task; dropping the future does not stop them.
     pub async fn release(&self, lock: Lock) -> Result<ReleaseReport, Error> {
         self.core.release(lock).await
+    }
+
+    /// Hands a lock to the renewal driver: it is extended about every TTL/3 (see
+    /// [`Config::renew_every`]) until the guard is released, the lock is lost, or
+    /// [`Config::max_hold`] passes. Renewals of all guarded locks of this client are batched:
+    /// one round trip per node per tick.
+    ///
+    /// Must be called inside a tokio runtime (the driver is a spawned task).
+    pub fn guard(&self, lock: Lock) -> LockGuard {
+        self.core.guard(lock)
+    }
+
+    /// Acquires `resource` (retrying per policy), runs `work` with a [`Lease`] while the lock is
+    /// renewed, and releases it on every exit path — success, error, panic or loss.
+    ///
+    /// If the lock is lost while `work` runs (renewal failed, validity passed, max hold reached),
+    /// `work` is dropped at its next await point and the call returns [`Error::LockLost`]. A panic
+    /// in `work` releases the lock and then resumes unwinding.
+    ///
+    /// # Errors
+    /// As [`Redlock::acquire`], plus [`Error::LockLost`].
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops `work` and the guard, which releases the lock in the background.
+    pub async fn with_lock<F, Fut, T>(&self, resource: &str, work: F) -> Result<T, Error>
+    where
+        F: FnOnce(Lease) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let lock = self.acquire(resource).await?;
+        let guard = self.guard(lock);
+        let lease = guard.lease();
+        let work = std::panic::AssertUnwindSafe(work(lease.clone())).catch_unwind();
+        let outcome = tokio::select! {
+            biased;
+            reason = lease.lost() => Err(reason),
+            done = work => Ok(done),
+        };
+        let released = guard.release().await;
+        if let Err(e) = &released {
+            tracing::warn!(error = %e, "with_lock: release after the work failed; the lock expires with its TTL");
+        }
+        match outcome {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(panic)) => std::panic::resume_unwind(panic),
+            Err(LostReason::Released) => Err(Error::LockLost {
+                reason: LostReason::Released,
+            }),
+            Err(reason) => Err(Error::LockLost { reason }),
+        }
     }
 
     /// Opens the connection to every node now instead of on first use. Returns each node's

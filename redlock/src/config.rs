@@ -23,6 +23,8 @@ pub const DEFAULT_KEY_PREFIX: &str = "redlock:";
 pub const DEFAULT_MAX_RESOURCE_LEN: usize = 512;
 /// Maximum number of resources in one lock.
 pub const MAX_RESOURCES_PER_LOCK: usize = 64;
+/// Default longest time a guard keeps renewing a lock: 1 hour. Leases are never infinite.
+pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(3600);
 /// Default number of attempts made by `acquire`.
 pub const DEFAULT_RETRY_ATTEMPTS: u32 = 10;
 /// Default base delay between attempts.
@@ -57,6 +59,17 @@ pub struct Config {
     /// `SET NX PX` — the cheapest request Redis serves — for locks that are never fenced.
     /// Default: `true`.
     pub claim_stamps: bool,
+    /// How often a [`LockGuard`](crate::LockGuard) renews its lock. `None` = TTL/3. Each renewal
+    /// is scheduled 0–20 % early at random, so locks taken together spread out. Default: `None`.
+    pub renew_every: Option<Duration>,
+    /// Longest a guard renews a lock; after that its lost signal fires and renewal stops.
+    /// Default: [`DEFAULT_MAX_HOLD`].
+    pub max_hold: Duration,
+    /// When set, a node refuses grants while its birth record is younger than this — a node
+    /// that restarted without its data (or is new) cannot hand out a lock that a live holder
+    /// still counts on. Set it to at least the longest TTL any client uses. Default: `None`
+    /// (see docs/leases.md for the trade-off).
+    pub restart_quarantine: Option<Duration>,
 }
 
 impl Default for Config {
@@ -71,6 +84,9 @@ impl Default for Config {
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
             max_resource_len: DEFAULT_MAX_RESOURCE_LEN,
             claim_stamps: true,
+            renew_every: None,
+            max_hold: DEFAULT_MAX_HOLD,
+            restart_quarantine: None,
         }
     }
 }
@@ -149,6 +165,15 @@ impl RetryPolicy {
             (_, Some(d)) if d.is_zero() => Err("deadline must be positive".into()),
             _ => Ok(()),
         }
+    }
+
+    /// How long a waiter may queue for its turn behind this client's other waiters: the
+    /// deadline if set, else roughly the time its attempts would have taken.
+    pub(crate) fn wait_limit(&self, node_timeout: Duration) -> Duration {
+        self.deadline.unwrap_or_else(|| {
+            let per_attempt = self.delay + self.jitter / 2 + node_timeout;
+            per_attempt * self.max_attempts.unwrap_or(1)
+        })
     }
 
     /// The pause before the next attempt, or `None` when the policy is used up.

@@ -355,7 +355,15 @@ async fn drive<B: Backend>(
                 for i in 0..settled.len() {
                     if !settled[i] && deadlines[i] <= now {
                         settled[i] = true;
-                        record(&backend, &state, &cleanup, phase, i, NodeOutcome::TimedOut, None);
+                        record(
+                            &backend,
+                            &state,
+                            &cleanup,
+                            phase,
+                            i,
+                            NodeOutcome::TimedOut,
+                            None,
+                        );
                     }
                 }
                 timer.as_mut().reset(next_deadline(&settled));

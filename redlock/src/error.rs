@@ -82,6 +82,9 @@ pub enum NodeErrorKind {
     Io,
     /// The server answered with an error (e.g. `WRONGTYPE`, `OOM`, `READONLY`).
     Server,
+    /// The node refused to grant because it is in its restart quarantine (it lost its data,
+    /// or is new, less than the configured quarantine ago).
+    Quarantined,
 }
 
 impl NodeError {
@@ -195,6 +198,13 @@ pub enum Error {
         required: usize,
         /// Per-node outcomes.
         nodes: Vec<NodeReport>,
+    },
+    /// The lock of a [`with_lock`](crate::Redlock::with_lock) call was lost while the work ran;
+    /// the work was cancelled.
+    #[error("lock lost while the work ran ({reason}); the work was cancelled")]
+    LockLost {
+        /// Why the lock was lost.
+        reason: crate::lease::LostReason,
     },
     /// A resource name or list was rejected before anything was sent.
     #[error("invalid resource: {0}")]
@@ -347,6 +357,9 @@ pub enum ConfigError {
         "key prefix {0:?} is invalid: use at most 64 printable ASCII characters without spaces"
     )]
     InvalidKeyPrefix(String),
+    /// A lease setting (renewal interval, max hold, quarantine) is unusable.
+    #[error("lease setting: {0}")]
+    InvalidLease(String),
     /// `max_resource_len` is zero.
     #[error("max_resource_len must be at least 1")]
     InvalidMaxResourceLen,

@@ -7,21 +7,24 @@ mod client;
 mod config;
 mod engine;
 mod error;
+mod lease;
 mod lock;
 mod node;
 mod scripts;
 mod telemetry;
 mod token;
+mod waiters;
 
 pub use builder::RedlockBuilder;
 pub use client::Redlock;
 pub use config::{
-    Config, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_KEY_PREFIX,
+    Config, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_KEY_PREFIX, DEFAULT_MAX_HOLD,
     DEFAULT_MAX_RESOURCE_LEN, DEFAULT_MIN_VALIDITY, DEFAULT_NODE_TIMEOUT, DEFAULT_RETRY_ATTEMPTS,
     DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, DEFAULT_TTL, MAX_RESOURCES_PER_LOCK, RetryPolicy,
 };
 pub use error::{
     ConfigError, Error, NodeError, NodeErrorKind, NodeOutcome, NodeReport, Phase, ResourceError,
 };
+pub use lease::{Lease, LockGuard, LostReason};
 pub use lock::{Claim, Lock, ReleaseReport};
 pub use token::{TOKEN_BYTES, Token};

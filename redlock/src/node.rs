@@ -9,7 +9,7 @@ use futures_util::future::BoxFuture;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
 
-use crate::backend::{Backend, Op, Reply};
+use crate::backend::{Backend, Batch, Op, Reply};
 use crate::error::{NodeError, NodeErrorKind};
 use crate::scripts::{self, LuaScript};
 
@@ -188,6 +188,11 @@ impl RedisNode {
         &self.name
     }
 
+    /// The client, for the release-notification subscription.
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
     fn cached(&self) -> Option<MultiplexedConnection> {
         self.conn
             .lock()
@@ -254,17 +259,17 @@ impl RedisNode {
         )
     }
 
-    async fn eval(
+    async fn eval<T: redis::FromRedisValue>(
         &self,
         script: &LuaScript,
         keys: &[&str],
         args: &[&str],
         token: &str,
-    ) -> Result<i64, NodeError> {
+    ) -> Result<T, NodeError> {
         let mut conn = self.connection().await?;
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&script.sha).arg(keys.len()).arg(keys).arg(args);
-        let res: redis::RedisResult<i64> = cmd.query_async(&mut conn).await;
+        let res: redis::RedisResult<T> = cmd.query_async(&mut conn).await;
         let res = match res {
             Err(e) if e.code() == Some("NOSCRIPT") => {
                 // The node lost its script cache (restart, SCRIPT FLUSH): EVAL also reloads it.
@@ -306,36 +311,39 @@ impl RedisNode {
         match op {
             Op::Acquire {
                 stamp_key,
+                born_key,
+                quarantine_ms,
                 keys,
                 token,
                 ttl_ms,
                 rearm,
             } => {
                 let ttl = ttl_ms.to_string();
+                let quarantine = quarantine_ms.to_string();
                 let t = token.expose();
-                let Some(stamp_key) = stamp_key else {
-                    if let ([key], false) = (&keys[..], rearm) {
-                        // A fresh random token cannot be on the node yet: plain SET NX PX.
-                        return self.set_nx(key, t, *ttl_ms).await;
+                let args = [t, ttl.as_str(), quarantine.as_str()];
+                let (script, mut all) = match stamp_key {
+                    Some(stamp_key) => (&*scripts::ACQUIRE, vec![&**born_key, &**stamp_key]),
+                    None => {
+                        if let ([key], false, 0) = (&keys[..], rearm, quarantine_ms) {
+                            // A fresh random token cannot be on the node yet: plain SET NX PX.
+                            return self.set_nx(key, t, *ttl_ms).await;
+                        }
+                        (&*scripts::ACQUIRE_UNSTAMPED, vec![&**born_key])
                     }
-                    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                    let n = self
-                        .eval(&scripts::ACQUIRE_UNSTAMPED, &keys, &[t, &ttl], t)
-                        .await?;
-                    return Ok(if n > 0 {
-                        Reply::Yes { stamp_us: None }
-                    } else {
-                        Reply::No
-                    });
                 };
-                let mut all: Vec<&str> = Vec::with_capacity(keys.len() + 1);
-                all.push(stamp_key);
                 all.extend(keys.iter().map(String::as_str));
-                let stamp = self.eval(&scripts::ACQUIRE, &all, &[t, &ttl], t).await?;
-                Ok(match u64::try_from(stamp) {
-                    Ok(s) if s > 0 => Reply::Yes { stamp_us: Some(s) },
-                    _ => Reply::No,
-                })
+                let answer: i64 = self.eval(script, &all, &args, t).await?;
+                match answer {
+                    scripts::QUARANTINED => Err(NodeError::new(
+                        NodeErrorKind::Quarantined,
+                        "in restart quarantine: the node lost its data (or is new) too recently to grant",
+                    )),
+                    n if n > 0 => Ok(Reply::Yes {
+                        stamp_us: stamp_key.as_ref().and_then(|_| u64::try_from(n).ok()),
+                    }),
+                    _ => Ok(Reply::No),
+                }
             }
             Op::Extend {
                 keys,
@@ -345,17 +353,24 @@ impl RedisNode {
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
                 let ttl = ttl_ms.to_string();
                 let t = token.expose();
-                let n = self.eval(&scripts::EXTEND, &keys, &[t, &ttl], t).await?;
+                let n: i64 = self.eval(&scripts::EXTEND, &keys, &[t, &ttl], t).await?;
                 Ok(if n > 0 {
                     Reply::Yes { stamp_us: None }
                 } else {
                     Reply::No
                 })
             }
-            Op::Release { keys, token } => {
+            Op::Release {
+                keys,
+                token,
+                channels,
+            } => {
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
                 let t = token.expose();
-                let n = self.eval(&scripts::RELEASE, &keys, &[t], t).await?;
+                let mut args: Vec<&str> = Vec::with_capacity(channels.len() + 1);
+                args.push(t);
+                args.extend(channels.iter().map(String::as_str));
+                let n: i64 = self.eval(&scripts::RELEASE, &keys, &args, t).await?;
                 Ok(if n > 0 {
                     Reply::Yes { stamp_us: None }
                 } else {
@@ -363,6 +378,36 @@ impl RedisNode {
                 })
             }
         }
+    }
+
+    /// One batched renewal call.
+    pub(crate) async fn extend_many(&self, batch: &Batch) -> Result<Vec<bool>, NodeError> {
+        let ttl = batch.ttl_ms.to_string();
+        let counts: Vec<String> = batch
+            .locks
+            .iter()
+            .map(|(k, _)| k.len().to_string())
+            .collect();
+        let mut keys: Vec<&str> = Vec::new();
+        let mut args: Vec<&str> = Vec::with_capacity(1 + 2 * batch.locks.len());
+        args.push(&ttl);
+        for ((lock_keys, token), count) in batch.locks.iter().zip(&counts) {
+            keys.extend(lock_keys.iter().map(String::as_str));
+            args.push(token.expose());
+            args.push(count);
+        }
+        // Tokens of many locks are in flight here; none of them may reach an error message.
+        let out: Vec<i64> = self
+            .eval(&scripts::EXTEND_MANY, &keys, &args, "")
+            .await
+            .map_err(|e| {
+                let mut msg = e.message().to_owned();
+                for (_, token) in &batch.locks {
+                    msg = scrub(&msg, &[Some(token.expose())]);
+                }
+                NodeError::new(e.kind(), msg)
+            })?;
+        Ok(out.into_iter().map(|v| v == 1).collect())
     }
 }
 
@@ -393,6 +438,15 @@ impl Backend for RedisBackend {
     fn call(&self, i: usize, op: Arc<Op>) -> BoxFuture<'static, Result<Reply, NodeError>> {
         let node = Arc::clone(&self.nodes[i]);
         async move { node.run(&op).await }.boxed()
+    }
+
+    fn extend_many(
+        &self,
+        i: usize,
+        batch: Arc<Batch>,
+    ) -> BoxFuture<'static, Result<Vec<bool>, NodeError>> {
+        let node = Arc::clone(&self.nodes[i]);
+        async move { node.extend_many(&batch).await }.boxed()
     }
 }
 

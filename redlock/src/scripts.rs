@@ -17,13 +17,33 @@ impl LuaScript {
     }
 }
 
-/// `KEYS[1]` = the node's stamp key, `KEYS[2..]` = resource keys; `ARGV[1]` = token,
-/// `ARGV[2]` = TTL in ms.
+/// Returned by the acquire scripts when the node is in its restart quarantine.
+pub(crate) const QUARANTINED: i64 = -1;
+
+/// The restart-quarantine check shared by both acquire scripts. `KEYS[1]` is the node's birth
+/// record, `ARGV[3]` the quarantine in ms (0 = off). A node without a birth record (new, or
+/// restarted without its data) writes one now and refuses grants until it is `ARGV[3]` old.
+const QUARANTINE_CHECK: &str = r"
+local q = tonumber(ARGV[3]) or 0
+if q > 0 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local born = tonumber(redis.call('GET', KEYS[1]) or '')
+  if not born then
+    redis.call('SET', KEYS[1], string.format('%.0f', now))
+    return -1
+  end
+  if now - born < q then return -1 end
+end
+";
+
+/// `KEYS[1]` = birth record, `KEYS[2]` = the node's stamp key, `KEYS[3..]` = resource keys;
+/// `ARGV[1]` = token, `ARGV[2]` = TTL in ms, `ARGV[3]` = restart quarantine in ms (0 = off).
 ///
 /// Grants when every resource key is free or already holds *our* token (an idempotent re-arm
 /// after an unknown outcome), then issues the node's claim stamp
 /// `max(TIME in µs, last stamp + 1)` and returns it (always ≥ 1). Returns 0 when any key is
-/// held by another token; nothing is written then.
+/// held by another token, −1 in quarantine; nothing is written then.
 ///
 /// Shaped for the common case, because server CPU is what limits throughput when several nodes
 /// share a machine: one resource is a single `SET NX PX` (the `GET` only runs on a refusal), and
@@ -31,59 +51,66 @@ impl LuaScript {
 /// a clock that did not advance past the last stamp needs the second `SET`.
 /// Stamps are formatted with `%.0f` because Lua 5.1's `tostring` would print a 16-digit number
 /// in exponent form and lose precision; values stay far below 2^53.
-pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(ACQUIRE_SRC));
-
-const ACQUIRE_SRC: &str = r"
+pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
+    let source = format!(
+        "{QUARANTINE_CHECK}{}",
+        r"
 local token, ttl = ARGV[1], ARGV[2]
-if #KEYS == 2 then
-  if not redis.call('SET', KEYS[2], token, 'NX', 'PX', ttl) then
-    if redis.call('GET', KEYS[2]) ~= token then return 0 end
-    redis.call('PEXPIRE', KEYS[2], ttl)
+if #KEYS == 3 then
+  if not redis.call('SET', KEYS[3], token, 'NX', 'PX', ttl) then
+    if redis.call('GET', KEYS[3]) ~= token then return 0 end
+    redis.call('PEXPIRE', KEYS[3], ttl)
   end
 else
-  for i = 2, #KEYS do
+  for i = 3, #KEYS do
     local v = redis.call('GET', KEYS[i])
     if v and v ~= token then return 0 end
   end
-  for i = 2, #KEYS do
+  for i = 3, #KEYS do
     redis.call('SET', KEYS[i], token, 'PX', ttl)
   end
 end
 local t = redis.call('TIME')
 local stamp = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local last = tonumber(redis.call('SET', KEYS[1], string.format('%.0f', stamp), 'GET') or '0') or 0
+local last = tonumber(redis.call('SET', KEYS[2], string.format('%.0f', stamp), 'GET') or '0') or 0
 if stamp <= last then
   stamp = last + 1
-  redis.call('SET', KEYS[1], string.format('%.0f', stamp))
+  redis.call('SET', KEYS[2], string.format('%.0f', stamp))
 end
 return stamp
-";
+"
+    );
+    LuaScript::new(source.leak())
+});
 
-/// The acquire script without claim stamps (`claim_stamps(false)`): `KEYS` = resource keys,
-/// same arguments; returns 1 on a grant or re-arm, 0 on a refusal. Used for multi-resource
-/// locks and re-acquisition with a known token; a single fresh resource uses plain
-/// `SET NX PX` instead.
+/// The acquire script without claim stamps (`claim_stamps(false)`): `KEYS[1]` = birth record,
+/// `KEYS[2..]` = resource keys, same arguments; returns 1 on a grant or re-arm, 0 on a refusal,
+/// −1 in quarantine. Used for multi-resource locks, re-acquisition with a known token and
+/// quarantine; a single fresh resource otherwise uses plain `SET NX PX`.
 pub(crate) static ACQUIRE_UNSTAMPED: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(
+    let source = format!(
+        "{QUARANTINE_CHECK}{}",
         r"
 local token = ARGV[1]
-for i = 1, #KEYS do
+for i = 2, #KEYS do
   local v = redis.call('GET', KEYS[i])
   if v and v ~= token then return 0 end
 end
-for i = 1, #KEYS do
+for i = 2, #KEYS do
   redis.call('SET', KEYS[i], token, 'PX', ARGV[2])
 end
 return 1
-",
-    )
+"
+    );
+    LuaScript::new(source.leak())
 });
 
 /// `KEYS` = resource keys; `ARGV[1]` = token, `ARGV[2]` = TTL in ms.
 ///
 /// Owner-checked: re-arms the TTL of every key only when *all* of them hold our token and
 /// returns 1; otherwise changes nothing and returns 0. It never deletes or creates a key, so a
-/// failed extension leaves whatever is there in place.
+/// failed extension leaves whatever is there in place, and an extension that races a release
+/// cannot bring the lock back.
 pub(crate) static EXTEND: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         r"
@@ -98,10 +125,38 @@ return 1
     )
 });
 
-/// `KEYS` = resource keys; `ARGV[1]` = token.
+/// Batched renewal: many locks in one call. `KEYS` = the keys of every lock, concatenated;
+/// `ARGV[1]` = TTL in ms, then per lock its token and its number of keys. Each lock is extended
+/// like [`EXTEND`] (all its keys or none). Returns one 1/0 per lock.
+pub(crate) static EXTEND_MANY: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        r"
+local ttl = ARGV[1]
+local out = {}
+local k = 1
+for i = 2, #ARGV, 2 do
+  local token, n = ARGV[i], tonumber(ARGV[i + 1])
+  local ok = 1
+  for j = k, k + n - 1 do
+    if redis.call('GET', KEYS[j]) ~= token then ok = 0 break end
+  end
+  if ok == 1 then
+    for j = k, k + n - 1 do redis.call('PEXPIRE', KEYS[j], ttl) end
+  end
+  out[#out + 1] = ok
+  k = k + n
+end
+return out
+",
+    )
+});
+
+/// `KEYS` = resource keys; `ARGV[1]` = token, `ARGV[2..]` = one wake-up channel per key.
 ///
-/// Owner-checked delete: removes each key that still holds our token and returns how many it
-/// removed (0 when the lock had already expired or belongs to someone else).
+/// Owner-checked delete: removes each key that still holds our token, publishes an empty
+/// message on that key's channel so waiters retry at once, and returns how many keys it
+/// removed (0 when the lock had already expired or belongs to someone else). The wake-up is
+/// best effort (`pcall`): an ACL user without permission on the channel still releases.
 pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         r"
@@ -110,6 +165,7 @@ for i = 1, #KEYS do
   if redis.call('GET', KEYS[i]) == ARGV[1] then
     redis.call('DEL', KEYS[i])
     n = n + 1
+    if ARGV[i + 1] then redis.pcall('PUBLISH', ARGV[i + 1], '') end
   end
 end
 return n
@@ -118,6 +174,12 @@ return n
 });
 
 /// Every script, in the order they are preloaded with `SCRIPT LOAD` on a new connection.
-pub(crate) fn all() -> [&'static LuaScript; 4] {
-    [&ACQUIRE, &ACQUIRE_UNSTAMPED, &EXTEND, &RELEASE]
+pub(crate) fn all() -> [&'static LuaScript; 5] {
+    [
+        &ACQUIRE,
+        &ACQUIRE_UNSTAMPED,
+        &EXTEND,
+        &EXTEND_MANY,
+        &RELEASE,
+    ]
 }

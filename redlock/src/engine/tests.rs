@@ -124,7 +124,7 @@ fn apply(d: &mut NodeData, op: &Op, refuse: bool) -> Reply {
                 Reply::No
             }
         }
-        Op::Release { keys, token } => {
+        Op::Release { keys, token, .. } => {
             d.releases += 1;
             let mut n = 0;
             for k in keys.iter() {
@@ -153,6 +153,26 @@ impl Backend for FakeBackend {
 
     fn budget(&self, _: usize) -> Duration {
         NODE_TIMEOUT
+    }
+
+    fn extend_many(
+        &self,
+        i: usize,
+        batch: Arc<crate::backend::Batch>,
+    ) -> BoxFuture<'static, Result<Vec<bool>, NodeError>> {
+        let data = Arc::clone(&self.data[i]);
+        async move {
+            let d = data.lock().unwrap();
+            Ok(batch
+                .locks
+                .iter()
+                .map(|(keys, token)| {
+                    keys.iter()
+                        .all(|k| d.keys.get(k).map(String::as_str) == Some(token.expose()))
+                })
+                .collect())
+        }
+        .boxed()
     }
 
     fn call(&self, i: usize, op: Arc<Op>) -> BoxFuture<'static, Result<Reply, NodeError>> {
@@ -194,7 +214,7 @@ fn core(behaviour: &[Behaviour], ttl: Duration) -> Core<FakeBackend> {
         retry: RetryPolicy::once(),
         ..Config::default()
     };
-    Core::new(config, FakeBackend::new(behaviour))
+    Core::new(config, FakeBackend::new(behaviour), None)
 }
 
 fn combos(n: usize) -> Vec<Vec<Behaviour>> {

@@ -1,0 +1,351 @@
+//! Leases on real nodes: the lost signal, completion order, long jobs, batched renewals,
+//! fast hand-off without starvation, and the restart quarantine (with its negative control).
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{NODE_TIMEOUT, eventually, lock_keys, set};
+use redlock::{Error, LostReason, Redlock, RetryPolicy};
+use redlock_testkit::{Cluster, DataOnRestart};
+
+fn client(cluster: &Cluster, ttl: Duration) -> redlock::RedlockBuilder {
+    Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(ttl)
+        .node_timeout(NODE_TIMEOUT)
+        .retry(
+            RetryPolicy::deadline(Duration::from_secs(15))
+                .with_delay(Duration::from_millis(20), Duration::from_millis(20)),
+        )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_before_the_deadline_when_a_majority_pauses() {
+    let cluster = Cluster::start(5).await.unwrap();
+    let rl = client(&cluster, Duration::from_millis(900))
+        .build()
+        .unwrap();
+    let started = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&started);
+    let deadline = Arc::new(std::sync::Mutex::new(None));
+    let seen = Arc::clone(&deadline);
+    let run = rl.with_lock("lost", |lease| async move {
+        flag.store(true, Ordering::SeqCst);
+        *seen.lock().unwrap() = Some(lease.valid_until());
+        std::future::pending::<()>().await
+    });
+    let pauser = async {
+        while !started.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        for i in 0..3 {
+            cluster.node(i).pause();
+        }
+    };
+    let (result, ()) = tokio::join!(run, pauser);
+    let fired = std::time::Instant::now();
+    for i in 0..3 {
+        cluster.node(i).resume();
+    }
+    let valid_until = deadline.lock().unwrap().expect("work ran");
+    match result {
+        Err(Error::LockLost { reason }) => {
+            assert!(
+                matches!(reason, LostReason::ExtendFailed(_) | LostReason::Expired),
+                "{reason}"
+            );
+        }
+        other => panic!("expected LockLost, got {other:?}"),
+    }
+    assert!(
+        fired <= valid_until + Duration::from_millis(30),
+        "fired {:?} after the deadline",
+        fired - valid_until
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_at_the_deadline_when_renewal_cannot_happen_in_time() {
+    let cluster = Cluster::start(3).await.unwrap();
+    // Renewal is due only just before the deadline and the nodes are paused: nothing can extend.
+    let rl = client(&cluster, Duration::from_millis(600))
+        .renew_every(Duration::from_millis(595))
+        .build()
+        .unwrap();
+    let guard = rl.guard(rl.try_acquire("deadline").await.unwrap());
+    let valid_until = guard.valid_until();
+    for i in 0..3 {
+        cluster.node(i).pause();
+    }
+    let reason = tokio::time::timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .expect("lost fires");
+    let fired = std::time::Instant::now();
+    for i in 0..3 {
+        cluster.node(i).resume();
+    }
+    assert!(
+        matches!(reason, LostReason::Expired | LostReason::ExtendFailed(_)),
+        "{reason}"
+    );
+    assert!(
+        fired <= valid_until + Duration::from_millis(30),
+        "fired {:?} late",
+        fired - valid_until
+    );
+    assert!(
+        fired + Duration::from_millis(200) >= valid_until,
+        "fired long before the deadline"
+    );
+    assert_eq!(guard.remaining(), Duration::ZERO);
+    drop(guard);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_hold_fires_and_renewal_traffic_stops() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = client(&cluster, Duration::from_millis(300))
+        .max_hold(Duration::from_millis(700))
+        .build()
+        .unwrap();
+    let t = Instant::now();
+    let result = rl
+        .with_lock("bounded", |_| async {
+            tokio::time::sleep(Duration::from_secs(5)).await
+        })
+        .await;
+    let took = t.elapsed();
+    assert!(
+        matches!(
+            result,
+            Err(Error::LockLost {
+                reason: LostReason::MaxHold
+            })
+        ),
+        "{result:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(650) && took < Duration::from_millis(1500),
+        "{took:?}"
+    );
+    // Let the release's slower nodes and any renewal already in flight finish first.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let before = cluster.node(0).command_calls("evalsha").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = cluster.node(0).command_calls("evalsha").await;
+    assert_eq!(before, after, "renewals continued after max hold");
+    assert!(lock_keys(&cluster).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_racing_renewal_never_resurrects_the_lock() {
+    let cluster = Cluster::start(3).await.unwrap();
+    // A long TTL, so a resurrected key would still be there; renewal every few ms to race.
+    let rl = client(&cluster, Duration::from_secs(10))
+        .renew_every(Duration::from_millis(3))
+        .build()
+        .unwrap();
+    rl.connect().await;
+    for round in 0..1000u64 {
+        let guard = rl.guard(rl.try_acquire("race").await.unwrap());
+        tokio::time::sleep(Duration::from_micros(round % 4 * 900)).await;
+        guard.release().await.unwrap();
+        let gone = eventually(Duration::from_millis(500), || async {
+            lock_keys(&cluster).await.is_empty()
+        })
+        .await;
+        assert!(gone, "round {round}: key left after release");
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        lock_keys(&cluster).await.is_empty(),
+        "a renewal brought a released lock back"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_five_times_longer_than_the_ttl_keeps_the_lock_throughout() {
+    let cluster = Cluster::start(5).await.unwrap();
+    let ttl = Duration::from_millis(300);
+    let owner = client(&cluster, ttl).build().unwrap();
+    let rival = client(&cluster, ttl)
+        .retry(RetryPolicy::once())
+        .build()
+        .unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let stolen = Arc::new(AtomicU64::new(0));
+    let polls = Arc::new(AtomicU64::new(0));
+    let poller = {
+        let (done, stolen, polls) = (Arc::clone(&done), Arc::clone(&stolen), Arc::clone(&polls));
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            while !done.load(Ordering::SeqCst) {
+                if let Ok(lock) = rival.try_acquire("long-job").await {
+                    if !done.load(Ordering::SeqCst) {
+                        stolen.fetch_add(1, Ordering::SeqCst);
+                    }
+                    rival.release(lock).await.unwrap();
+                }
+                polls.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let finished = owner
+        .with_lock("long-job", |lease| async move {
+            tokio::time::sleep(ttl * 5 + Duration::from_millis(100)).await;
+            !lease.is_lost()
+        })
+        .await
+        .expect("job completes under its lock");
+    done.store(true, Ordering::SeqCst);
+    poller.await.unwrap();
+    assert!(finished);
+    assert_eq!(
+        stolen.load(Ordering::SeqCst),
+        0,
+        "a rival got the lock during the job"
+    );
+    assert!(polls.load(Ordering::SeqCst) > 20, "the rival barely polled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_thousand_held_locks_renew_in_batches() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let ttl = Duration::from_millis(1500); // renew ≈ every 500 ms, driver tick ≈ 62 ms
+    let rl = client(&cluster, ttl).build().unwrap();
+    rl.connect().await;
+    let mut guards = Vec::new();
+    for chunk in (0..5000).collect::<Vec<_>>().chunks(100) {
+        let locks = futures_util::future::join_all(
+            chunk
+                .iter()
+                .map(|i| rl.try_acquire_many([format!("batch:{i}")])),
+        )
+        .await;
+        for l in locks {
+            guards.push(rl.guard(l.unwrap()));
+        }
+    }
+    let window = Duration::from_millis(2000);
+    let before = cluster.node(0).command_calls("evalsha").await;
+    tokio::time::sleep(window).await;
+    let calls = cluster.node(0).command_calls("evalsha").await - before;
+    // One call per tick at most (plus slack for ticks split around chunk boundaries), against
+    // 5000 × (2 s / 0.5 s) = 20 000 calls for per-lock renewal.
+    let ticks = window.as_millis() / 62 + 2;
+    assert!(calls > 0, "no renewals at all");
+    println!("{calls} renewal calls on one node in {window:?} for 5000 held locks");
+    assert!(
+        calls <= u64::try_from(ticks * 2).unwrap(),
+        "{calls} renewal calls in {window:?} on one node"
+    );
+    assert!(guards.iter().all(|g| !g.is_lost()), "a lock was lost");
+    assert!(
+        guards
+            .iter()
+            .all(|g| g.remaining() > Duration::from_millis(500))
+    );
+    for g in guards {
+        g.release().await.unwrap();
+    }
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            lock_keys(&cluster).await.is_empty()
+        })
+        .await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_contenders_on_one_key_all_make_progress() {
+    let cluster = Cluster::start(5).await.unwrap();
+    let shared = client(&cluster, Duration::from_secs(5)).build().unwrap();
+    let stop = Instant::now() + Duration::from_secs(10);
+    let mut tasks = Vec::new();
+    for c in 0..8 {
+        // Half share one client (local FIFO turns), half have their own (like other processes).
+        let rl = if c % 2 == 0 {
+            shared.clone()
+        } else {
+            client(&cluster, Duration::from_secs(5)).build().unwrap()
+        };
+        tasks.push(tokio::spawn(async move {
+            let mut wins = 0u32;
+            while Instant::now() < stop {
+                let lock = rl
+                    .acquire("hot")
+                    .await
+                    .expect("acquire within its deadline");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                rl.release(lock).await.unwrap();
+                wins += 1;
+            }
+            wins
+        }));
+    }
+    let mut wins = Vec::new();
+    for t in tasks {
+        wins.push(t.await.unwrap());
+    }
+    let total: u32 = wins.iter().sum();
+    println!("hand-offs in 10 s: {total}, per contender: {wins:?}");
+    assert!(
+        wins.iter().all(|w| *w >= 5),
+        "a contender starved: {wins:?}"
+    );
+}
+
+async fn quarantine_scenario(quarantine: bool) -> (bool, Result<redlock::Lock, Error>) {
+    let cluster = Cluster::start(3).await.unwrap();
+    let ttl = Duration::from_secs(3);
+    let build = |c: &Cluster| {
+        let b = client(c, ttl).retry(RetryPolicy::once());
+        if quarantine {
+            b.restart_quarantine(ttl)
+        } else {
+            b
+        }
+    };
+    // A new cluster: declare the nodes fresh (birth record in the past), as an operator would.
+    for i in 0..3 {
+        set(&cluster, i, "redlock:born", "0").await;
+    }
+    let a = build(&cluster).build().unwrap();
+    let b = build(&cluster).build().unwrap();
+    a.connect().await;
+    b.connect().await;
+    // A gets the lock on the bare quorum {0, 1} while node 2 is down; node 2 comes back empty.
+    cluster.node(2).kill();
+    let held = a.try_acquire("q").await.expect("A acquires on {0, 1}");
+    cluster.node(2).restart(DataOnRestart::Wipe).await.unwrap();
+    // Node 1 restarts without its data while A still holds the lock.
+    cluster.node(1).restart(DataOnRestart::Wipe).await.unwrap();
+    // A few attempts: the first request on a connection to a restarted node may hit the old
+    // socket and fail.
+    let policy = RetryPolicy::attempts(4).with_delay(Duration::from_millis(20), Duration::ZERO);
+    let second = b.acquire_with(["q"], &policy).await;
+    (held.is_valid(), second)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_quarantine_prevents_a_double_grant() {
+    let (a_valid, b) = quarantine_scenario(true).await;
+    assert!(a_valid);
+    let err = b.expect_err("B must not get a quorum through the restarted node");
+    let quarantined = err.nodes().iter().any(|n| matches!(&n.outcome, redlock::NodeOutcome::Failed(e) if e.kind() == redlock::NodeErrorKind::Quarantined));
+    assert!(quarantined, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn negative_control_without_quarantine_the_restart_double_grants() {
+    let (a_valid, b) = quarantine_scenario(false).await;
+    assert!(a_valid, "A's lock should still be valid");
+    assert!(
+        b.is_ok(),
+        "expected the documented double grant without quarantine, got {b:?}"
+    );
+}
