@@ -133,6 +133,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("   node 0 resumed, node 1 healed: acquired again with node 2 still dead");
     rl.release(lock).await?;
 
+    println!("\n== 6. a job longer than the TTL under with_lock: renewed, then released");
+    let short = Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_millis(500))
+        .retry(
+            RetryPolicy::attempts(50)
+                .with_delay(Duration::from_millis(20), Duration::from_millis(20)),
+        )
+        .build()?;
+    let t = Instant::now();
+    let kept = short
+        .with_lock("nightly:report", |lease| async move {
+            tokio::time::sleep(Duration::from_millis(1600)).await;
+            !lease.is_lost()
+        })
+        .await?;
+    println!(
+        "   a 1.6 s job under a 500 ms TTL finished after {:?}; lock held throughout: {kept}",
+        t.elapsed()
+    );
+
     tokio::time::sleep(Duration::from_millis(300)).await;
     let left = cluster.keys("redlock:lock:*").await;
     println!("\n== done: lock keys left on the nodes: {}", left.len());
