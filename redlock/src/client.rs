@@ -207,7 +207,8 @@ impl<B: Backend> Core<B> {
             let mut attempts = 0u32;
             // Set once the lock turns out to be busy: our FIFO turn among local waiters on the
             // same resources, and the release notifications we wait for.
-            let mut turn: Option<tokio::sync::OwnedMutexGuard<()>> = None;
+            // (`_turn` is only held, never read: dropping it passes the turn on.)
+            let mut _turn: Option<tokio::sync::OwnedMutexGuard<()>> = None;
             let mut interest: Option<Interest> = None;
             loop {
                 attempts += 1;
@@ -249,7 +250,7 @@ impl<B: Backend> Core<B> {
                         let limit = policy.wait_limit(self.config.node_timeout).saturating_sub(started.elapsed());
                         let queue = waiters.turn(&keys.join("\n"));
                         match tokio::time::timeout(limit, queue.lock_owned()).await {
-                            Ok(t) => turn = Some(t),
+                            Ok(t) => _turn = Some(t),
                             Err(_) => {
                                 telemetry::acquire_done(&Err(&err), attempts, started.elapsed());
                                 return Err(err);
@@ -267,7 +268,6 @@ impl<B: Backend> Core<B> {
                     }
                     _ => tokio::time::sleep(pause).await,
                 }
-                let _ = &turn;
             }
         }
         .instrument(span)
