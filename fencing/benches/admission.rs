@@ -1,0 +1,2 @@
+//! Admission overhead (written below).
+fn main() {}
