@@ -64,7 +64,8 @@ fn serde_uses_the_text_form() {
 #[test]
 fn bad_input_gets_typed_errors() {
     use FenceError::*;
-    let cases: Vec<(String, fn(&FenceError) -> bool)> = vec![
+    type Expected = fn(&FenceError) -> bool;
+    let cases: Vec<(String, Expected)> = vec![
         ("".into(), |e| matches!(e, EmptyToken)),
         ("   ".into(), |e| matches!(e, EmptyToken)),
         ("f1".into(), |e| matches!(e, EmptyToken)),

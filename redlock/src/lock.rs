@@ -80,6 +80,25 @@ impl Lock {
     pub fn claims(&self) -> &[Claim] {
         &self.claims
     }
+
+    /// The lock's fencing token: the granting quorum's claims as a [`fencing::FenceToken`],
+    /// for the protected resource to check (DESIGN §5, `docs/fencing.md`).
+    ///
+    /// `None` when the lock has no claims (`claim_stamps(false)`), or when they cannot form a
+    /// token: more than [`fencing::MAX_CLAIMS`] nodes, or a node name that is empty or longer
+    /// than [`fencing::MAX_NODE_NAME_LEN`] bytes.
+    pub fn fence(&self) -> Option<fencing::FenceToken> {
+        if self.claims.is_empty() {
+            return None;
+        }
+        fencing::FenceToken::new(
+            self.claims
+                .iter()
+                .map(|c| (Arc::clone(&c.node), c.stamp_us)),
+        )
+        .map_err(|e| tracing::warn!(error = %e, "lock claims do not form a fence token"))
+        .ok()
+    }
 }
 
 /// What `release` found on each node.
