@@ -1,0 +1,378 @@
+//! `redlock-bench`: this workspace's `redlock` crate side by side with rslock, redlock-rs
+//! (crates.io `redlock` 2.x, on the blocking pool) and a raw-protocol floor, in one run,
+//! against the same redis-server nodes, for N ∈ {1, 3, 5, 7}.
+//!
+//! Scenarios: uncontended latency, throughput at 1/16/64 tasks on distinct keys, a hot key
+//! with 8 contenders, many held (auto-renewed) locks, and — on a separate proxied cluster —
+//! a slow, hung and dead minority node and a hung or dead majority. See `docs/benchmarks.md`.
+//!
+//! ```text
+//! redlock-bench [--quick] [--json FILE] [--plots DIR] [--nodes URL,URL,...]
+//!               [--hold-secs S] [--only latency,throughput,hot,held,faults] [--check]
+//! ```
+
+#![forbid(unsafe_code)]
+
+mod floor;
+mod impls;
+mod plots;
+mod report;
+mod scenarios;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use redlock_testkit::Cluster;
+
+use crate::impls::{Client, Impl};
+use crate::report::{HeldRow, HotKeyRow, Meta, Report};
+use crate::scenarios::PLAIN;
+
+pub(crate) type BenchError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Sizes of every phase: `--quick` for the one-minute smoke run, else the full run.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    quick: bool,
+    nodes: Vec<usize>,
+    latency_samples: usize,
+    block: usize,
+    /// redlock-rs opens a TCP connection per command: fewer samples keep it in budget.
+    redlock_rs_samples: usize,
+    concurrencies: Vec<usize>,
+    tput_wall: Duration,
+    hot_nodes: Vec<usize>,
+    hot_wall: Duration,
+    held_nodes: usize,
+    held_sizes: Vec<usize>,
+    held_ttl: Duration,
+    hold: Duration,
+    fault_nodes: Vec<usize>,
+    pub(crate) fault_samples: usize,
+    pub(crate) fault_slow_samples: usize,
+    pub(crate) fault_hung_samples: usize,
+}
+
+impl Plan {
+    fn new(quick: bool) -> Plan {
+        if quick {
+            Plan {
+                quick,
+                nodes: vec![1, 3, 5, 7],
+                latency_samples: 300,
+                block: 100,
+                redlock_rs_samples: 60,
+                concurrencies: vec![1, 16, 64],
+                tput_wall: Duration::from_millis(300),
+                hot_nodes: vec![5],
+                hot_wall: Duration::from_secs(2),
+                held_nodes: 5,
+                held_sizes: vec![1_000],
+                held_ttl: Duration::from_secs(2),
+                hold: Duration::from_secs(3),
+                fault_nodes: vec![5],
+                fault_samples: 100,
+                fault_slow_samples: 20,
+                fault_hung_samples: 2,
+            }
+        } else {
+            Plan {
+                quick,
+                nodes: vec![1, 3, 5, 7],
+                latency_samples: 5_000,
+                block: 250,
+                redlock_rs_samples: 1_000,
+                concurrencies: vec![1, 16, 64],
+                tput_wall: Duration::from_secs(3),
+                hot_nodes: vec![1, 3, 5, 7],
+                hot_wall: Duration::from_secs(10),
+                held_nodes: 5,
+                held_sizes: vec![1_000, 10_000, 20_000],
+                held_ttl: Duration::from_secs(10),
+                hold: Duration::from_secs(60),
+                fault_nodes: vec![3, 5, 7],
+                fault_samples: 1_000,
+                fault_slow_samples: 200,
+                fault_hung_samples: 6,
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Args {
+    quick: bool,
+    check: bool,
+    json: Option<PathBuf>,
+    plots: Option<PathBuf>,
+    nodes: Option<Vec<String>>,
+    hold_secs: Option<f64>,
+    only: Option<Vec<String>>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args::default();
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--quick" => args.quick = true,
+            "--check" => args.check = true,
+            "--json" => args.json = Some(value()?.into()),
+            "--plots" => args.plots = Some(value()?.into()),
+            "--nodes" => {
+                args.nodes = Some(value()?.split(',').map(str::to_owned).collect());
+            }
+            "--hold-secs" => {
+                let v: f64 = value()?.parse().map_err(|e| format!("--hold-secs: {e}"))?;
+                if !(v > 0.0 && v.is_finite()) {
+                    return Err("--hold-secs must be positive".into());
+                }
+                args.hold_secs = Some(v);
+            }
+            "--only" => args.only = Some(value()?.split(',').map(str::to_owned).collect()),
+            "-h" | "--help" => {
+                println!(
+                    "redlock-bench [--quick] [--json FILE] [--plots DIR] [--nodes URL,URL,...] \
+                     [--hold-secs S] [--only latency,throughput,hot,held,faults] [--check]"
+                );
+                std::process::exit(0);
+            }
+            // `cargo bench` passes `--bench`; ignore it.
+            "--bench" => {}
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(args)
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("redlock-bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let report = match rt.block_on(run(&args)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("redlock-bench: {e}");
+            std::process::exit(1);
+        }
+    };
+    rt.shutdown_timeout(Duration::from_secs(5));
+    println!("{}", report.markdown());
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report).expect("serializable report");
+        if let Err(e) = std::fs::write(path, json) {
+            eprintln!("redlock-bench: writing {}: {e}", path.display());
+            std::process::exit(1);
+        }
+        eprintln!("JSON written to {}", path.display());
+    }
+    if let Some(dir) = &args.plots {
+        match plots::write_all(&report, dir) {
+            Ok(files) => eprintln!("plots written to {}: {}", dir.display(), files.join(", ")),
+            Err(e) => {
+                eprintln!("redlock-bench: plots: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+    if args.check {
+        let missing = report.check();
+        if missing.is_empty() {
+            eprintln!(
+                "check: every scenario has numbers for every implementation that supports it"
+            );
+        } else {
+            eprintln!("check FAILED, no numbers for: {}", missing.join(", "));
+            std::process::exit(1);
+        }
+    }
+}
+
+async fn run(args: &Args) -> Result<Report, BenchError> {
+    let mut plan = Plan::new(args.quick);
+    if let Some(h) = args.hold_secs {
+        plan.hold = Duration::from_secs_f64(h);
+    }
+    let wants = |s: &str| args.only.as_ref().is_none_or(|o| o.iter().any(|x| x == s));
+    let started = Instant::now();
+    let mut skipped = Vec::new();
+
+    // Healthy scenarios run on plain (unproxied) nodes: spawned, or the user's.
+    let (cluster, urls) = match &args.nodes {
+        Some(urls) => (None, urls.clone()),
+        None => {
+            let max = plan.nodes.iter().copied().max().unwrap_or(5);
+            let c = Cluster::start(max).await?;
+            let urls = c.urls();
+            (Some(c), urls)
+        }
+    };
+    plan.nodes.retain(|n| *n <= urls.len());
+    plan.hot_nodes.retain(|n| *n <= urls.len());
+    if plan.held_nodes > urls.len() {
+        plan.held_nodes = plan.nodes.last().copied().unwrap_or(1);
+    }
+
+    let steps = plan.nodes.len() * (1 + plan.concurrencies.len() * Impl::ALL.len())
+        + plan.hot_nodes.len() * (Impl::ALL.len() + 1)
+        + plan.held_sizes.len() * Impl::ALL.len()
+        + plan.fault_nodes.len() * 6;
+    let pb = ProgressBar::new(steps as u64);
+    pb.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+
+    let mut report = Report {
+        meta: Meta {
+            mode: if plan.quick { "quick" } else { "full" }.to_owned(),
+            started_unix: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            wall_secs: 0.0,
+            cores: std::thread::available_parallelism().map_or(0, usize::from),
+            nodes: plan.nodes.clone(),
+            user_nodes: args.nodes.is_some(),
+            hold_secs: plan.hold.as_secs_f64(),
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+        },
+        latency: Vec::new(),
+        throughput: Vec::new(),
+        hot_key: Vec::new(),
+        held: Vec::new(),
+        faults: Vec::new(),
+        skipped: Vec::new(),
+    };
+
+    if wants("latency") || wants("throughput") {
+        for &n in &plan.nodes {
+            let mut clients = Vec::new();
+            for which in Impl::ALL {
+                let c = Client::connect(which, &urls[..n], PLAIN).await?;
+                // Warm-up: open connections, load scripts.
+                for i in 0..20 {
+                    let _ = c.cycle(&format!("bench:warm:{i}"), scenarios::TTL).await;
+                }
+                clients.push(c);
+            }
+            if wants("latency") {
+                pb.set_message(format!("uncontended N={n}"));
+                let caps: Vec<usize> = clients
+                    .iter()
+                    .map(|c| match c.which() {
+                        Impl::RedlockRs => plan.redlock_rs_samples,
+                        _ => plan.latency_samples,
+                    })
+                    .collect();
+                let block = plan.block;
+                report
+                    .latency
+                    .extend(scenarios::uncontended(n, &clients, &caps, block).await);
+            }
+            pb.inc(1);
+            for &c in &plan.concurrencies {
+                for (k, client) in clients.iter().enumerate() {
+                    if wants("throughput") {
+                        // Rotate who goes first so warm-up effects do not favour one.
+                        let client = &clients[(k + c) % clients.len()];
+                        pb.set_message(format!("throughput N={n} c={c} {}", client.which().name()));
+                        report
+                            .throughput
+                            .push(scenarios::throughput(n, client, c, plan.tput_wall).await);
+                    }
+                    let _ = client;
+                    pb.inc(1);
+                }
+            }
+        }
+        report
+            .latency
+            .sort_by_key(|r| (r.n, r.implementation as u8));
+        report
+            .throughput
+            .sort_by_key(|r| (r.n, r.concurrency, r.implementation as u8));
+    }
+
+    if wants("hot") {
+        for &n in &plan.hot_nodes {
+            // This crate also with one shared client: its waiters take FIFO turns in-process.
+            let variants = Impl::ALL
+                .iter()
+                .map(|w| (*w, false))
+                .chain([(Impl::Redlock, true)]);
+            for (which, shared) in variants {
+                pb.set_message(format!("hot key N={n} {}", which.name()));
+                let result = if which.waits() {
+                    Some(scenarios::hot_key(n, which, &urls[..n], plan.hot_wall, shared).await?)
+                } else {
+                    None
+                };
+                report.hot_key.push(HotKeyRow {
+                    n,
+                    implementation: which,
+                    clients: if shared { 1 } else { scenarios::CONTENDERS },
+                    result,
+                });
+                pb.inc(1);
+            }
+        }
+    }
+
+    if wants("held") {
+        let n = plan.held_nodes;
+        for &locks in &plan.held_sizes {
+            for which in Impl::ALL {
+                pb.set_message(format!("{locks} held locks N={n} {}", which.name()));
+                let result = if which.renews() {
+                    Some(scenarios::held(which, &urls[..n], locks, plan.held_ttl, plan.hold).await?)
+                } else {
+                    None
+                };
+                report.held.push(HeldRow {
+                    n,
+                    locks,
+                    ttl_secs: plan.held_ttl.as_secs_f64(),
+                    hold_secs: plan.hold.as_secs_f64(),
+                    implementation: which,
+                    result,
+                });
+                pb.inc(1);
+            }
+        }
+    }
+    drop(cluster);
+
+    if wants("faults") {
+        if args.nodes.is_some() {
+            skipped.push(
+                "fault scenarios (they need nodes this process spawned: proxy, SIGSTOP, kill)"
+                    .to_owned(),
+            );
+        } else {
+            for &n in &plan.fault_nodes {
+                let rows = scenarios::faults(n, &plan, |m| {
+                    pb.set_message(m.to_owned());
+                    pb.inc(1);
+                })
+                .await?;
+                report.faults.extend(rows);
+            }
+        }
+    }
+    pb.finish_and_clear();
+    report.skipped = skipped;
+    report.meta.wall_secs = started.elapsed().as_secs_f64();
+    Ok(report)
+}

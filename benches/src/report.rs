@@ -1,0 +1,524 @@
+//! Results: histograms reduced to numbers, the Markdown tables, the JSON file and the check
+//! that every scenario produced numbers for every implementation that supports it.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::impls::Impl;
+use crate::scenarios::CONTENDERS;
+
+/// A latency histogram in nanoseconds, 1 ns .. 120 s, 3 significant digits.
+pub(crate) fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 120_000_000_000, 3).expect("valid histogram bounds")
+}
+
+pub(crate) fn record(h: &mut Histogram<u64>, d: Duration) {
+    h.saturating_record(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1));
+}
+
+/// Percentiles of one series, in microseconds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub(crate) struct Latency {
+    pub(crate) samples: u64,
+    pub(crate) errors: u64,
+    /// Operations the harness gave up on (its own bound, not the implementation's).
+    pub(crate) timeouts: u64,
+    pub(crate) p50_us: f64,
+    pub(crate) p90_us: f64,
+    pub(crate) p99_us: f64,
+    pub(crate) p999_us: f64,
+    pub(crate) max_us: f64,
+}
+
+impl Latency {
+    pub(crate) fn from_hist(h: &Histogram<u64>, errors: u64, timeouts: u64) -> Self {
+        let us = |q: f64| h.value_at_quantile(q) as f64 / 1_000.0;
+        Latency {
+            samples: h.len(),
+            errors,
+            timeouts,
+            p50_us: us(0.5),
+            p90_us: us(0.9),
+            p99_us: us(0.99),
+            p999_us: us(0.999),
+            max_us: h.max() as f64 / 1_000.0,
+        }
+    }
+}
+
+/// `None` = the implementation lacks the feature ("n/a").
+pub(crate) type Cell<T> = Option<T>;
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct LatencyRow {
+    pub(crate) n: usize,
+    pub(crate) implementation: Impl,
+    pub(crate) cycle: Latency,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ThroughputRow {
+    pub(crate) n: usize,
+    pub(crate) concurrency: usize,
+    pub(crate) implementation: Impl,
+    pub(crate) ops_per_sec: f64,
+    pub(crate) errors: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct HotKeyResult {
+    pub(crate) handoffs_per_sec: f64,
+    pub(crate) wait: Latency,
+    /// Acquisitions of the contender that got the fewest (starvation shows as 0).
+    pub(crate) min_per_contender: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct HotKeyRow {
+    pub(crate) n: usize,
+    pub(crate) implementation: Impl,
+    /// Clients the 8 contenders used: 8 (one each) or 1 (shared).
+    pub(crate) clients: usize,
+    pub(crate) result: Cell<HotKeyResult>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct HeldResult {
+    pub(crate) held: usize,
+    pub(crate) acquire_secs: f64,
+    /// Client CPU (user + system, getrusage) during the hold window, in cores.
+    pub(crate) cpu_cores: f64,
+    /// Commands each node executed per second during the hold window (renewal round trips).
+    pub(crate) node_cmds_per_sec: f64,
+    /// Locks whose holder saw them lost (or that could not be re-checked) at the end.
+    pub(crate) lost: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct HeldRow {
+    pub(crate) n: usize,
+    pub(crate) locks: usize,
+    pub(crate) ttl_secs: f64,
+    pub(crate) hold_secs: f64,
+    pub(crate) implementation: Impl,
+    pub(crate) result: Cell<HeldResult>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct FaultRow {
+    pub(crate) n: usize,
+    /// `healthy`, `slow`, `hung`, `dead`, `majority hung`, `majority dead`.
+    pub(crate) fault: String,
+    pub(crate) implementation: Impl,
+    /// Every finished operation (success or error) counts; `errors` says how many failed.
+    pub(crate) cycle: Latency,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Meta {
+    pub(crate) mode: String,
+    pub(crate) started_unix: u64,
+    pub(crate) wall_secs: f64,
+    pub(crate) cores: usize,
+    pub(crate) nodes: Vec<usize>,
+    pub(crate) user_nodes: bool,
+    pub(crate) hold_secs: f64,
+    pub(crate) command: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Report {
+    pub(crate) meta: Meta,
+    pub(crate) latency: Vec<LatencyRow>,
+    pub(crate) throughput: Vec<ThroughputRow>,
+    pub(crate) hot_key: Vec<HotKeyRow>,
+    pub(crate) held: Vec<HeldRow>,
+    pub(crate) faults: Vec<FaultRow>,
+    /// Scenarios that did not run at all, with why (e.g. faults against `--nodes`).
+    pub(crate) skipped: Vec<String>,
+}
+
+fn us(v: f64) -> String {
+    if v >= 10_000.0 {
+        format!("{:.1} ms", v / 1_000.0)
+    } else {
+        format!("{v:.0} µs")
+    }
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if b > 0.0 && a.is_finite() {
+        format!("{:.2}×", a / b)
+    } else {
+        "–".to_owned()
+    }
+}
+
+impl Report {
+    fn latency_of(&self, n: usize, which: Impl) -> Option<&Latency> {
+        self.latency
+            .iter()
+            .find(|r| r.n == n && r.implementation == which)
+            .map(|r| &r.cycle)
+    }
+
+    fn fault_of(&self, n: usize, fault: &str, which: Impl) -> Option<&Latency> {
+        self.faults
+            .iter()
+            .find(|r| r.n == n && r.fault == fault && r.implementation == which)
+            .map(|r| &r.cycle)
+    }
+
+    fn tput_of(&self, n: usize, c: usize, which: Impl) -> Option<f64> {
+        self.throughput
+            .iter()
+            .find(|r| r.n == n && r.concurrency == c && r.implementation == which)
+            .map(|r| r.ops_per_sec)
+    }
+
+    /// All tables, as Markdown.
+    pub(crate) fn markdown(&self) -> String {
+        let mut md = String::new();
+        let m = &self.meta;
+        let _ = writeln!(
+            md,
+            "## redlock-bench ({} mode, {} cores, N ∈ {:?}, {:.0} s)\n",
+            m.mode, m.cores, m.nodes, m.wall_secs
+        );
+
+        let _ = writeln!(
+            md,
+            "### Uncontended acquire + release (sequential, one client)\n\n\
+             | N | impl | samples | errors | p50 | p90 | p99 | p99.9 | max | p50 / floor |\n\
+             |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
+        for r in &self.latency {
+            let floor = self.latency_of(r.n, Impl::Floor).map_or(0.0, |l| l.p50_us);
+            let l = &r.cycle;
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                r.n,
+                r.implementation.name(),
+                l.samples,
+                l.errors,
+                us(l.p50_us),
+                us(l.p90_us),
+                us(l.p99_us),
+                us(l.p999_us),
+                us(l.max_us),
+                ratio(l.p50_us, floor)
+            );
+        }
+
+        let _ = writeln!(
+            md,
+            "\n### Throughput on distinct keys (acquire + release per op)\n\n\
+             | N | tasks | impl | ops/s | errors | / floor |\n|---:|---:|---|---:|---:|---:|"
+        );
+        for r in &self.throughput {
+            let floor = self.tput_of(r.n, r.concurrency, Impl::Floor).unwrap_or(0.0);
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {:.0} | {} | {} |",
+                r.n,
+                r.concurrency,
+                r.implementation.name(),
+                r.ops_per_sec,
+                r.errors,
+                ratio(r.ops_per_sec, floor)
+            );
+        }
+
+        let _ = writeln!(
+            md,
+            "\n### Hot key: 8 contenders, 1 ms hold\n\n\
+             | N | impl | clients | hand-offs/s | wait p50 | wait p99 | wait max | fewest wins of one contender | errors |\n\
+             |---:|---|---:|---:|---:|---:|---:|---:|---:|"
+        );
+        for r in &self.hot_key {
+            match &r.result {
+                Some(h) => {
+                    let _ = writeln!(
+                        md,
+                        "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} |",
+                        r.n,
+                        r.implementation.name(),
+                        r.clients,
+                        h.handoffs_per_sec,
+                        us(h.wait.p50_us),
+                        us(h.wait.p99_us),
+                        us(h.wait.max_us),
+                        h.min_per_contender,
+                        h.wait.errors
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        md,
+                        "| {} | {} | {} | n/a | n/a | n/a | n/a | n/a | n/a |",
+                        r.n,
+                        r.implementation.name(),
+                        r.clients
+                    );
+                }
+            }
+        }
+
+        let _ = writeln!(
+            md,
+            "\n### Many held locks, auto-renewed by one client\n\n\
+             | N | locks | TTL | held | impl | acquire all | client CPU (cores) | commands/s per node | lost |\n\
+             |---:|---:|---:|---:|---|---:|---:|---:|---:|"
+        );
+        for r in &self.held {
+            match &r.result {
+                Some(h) => {
+                    let _ = writeln!(
+                        md,
+                        "| {} | {} | {:.0} s | {:.0} s | {} | {:.2} s | {:.3} | {:.1} | {} |",
+                        r.n,
+                        r.locks,
+                        r.ttl_secs,
+                        r.hold_secs,
+                        r.implementation.name(),
+                        h.acquire_secs,
+                        h.cpu_cores,
+                        h.node_cmds_per_sec,
+                        h.lost
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        md,
+                        "| {} | {} | {:.0} s | {:.0} s | {} | n/a | n/a | n/a | n/a |",
+                        r.n,
+                        r.locks,
+                        r.ttl_secs,
+                        r.hold_secs,
+                        r.implementation.name()
+                    );
+                }
+            }
+        }
+
+        let _ = writeln!(
+            md,
+            "\n### Faults (proxied nodes; one acquire attempt + release per op, sequential)\n\n\
+             | N | fault | impl | ops | errors | harness timeouts | p50 | p99 | max | p99 / healthy p99 |\n\
+             |---:|---|---|---:|---:|---:|---:|---:|---:|---:|"
+        );
+        for r in &self.faults {
+            let healthy = self
+                .fault_of(r.n, "healthy", r.implementation)
+                .map_or(0.0, |l| l.p99_us);
+            let l = &r.cycle;
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                r.n,
+                r.fault,
+                r.implementation.name(),
+                l.samples,
+                l.errors,
+                l.timeouts,
+                us(l.p50_us),
+                us(l.p99_us),
+                us(l.max_us),
+                ratio(l.p99_us, healthy)
+            );
+        }
+        if !self.skipped.is_empty() {
+            let _ = writeln!(md, "\nSkipped: {}", self.skipped.join("; "));
+        }
+        md.push_str(&self.targets());
+        md
+    }
+
+    /// The issue's targets, met or missed, with numbers.
+    pub(crate) fn targets(&self) -> String {
+        let mut md = String::from(
+            "\n### Targets (ratios within this run)\n\n| target | measured | goal | verdict |\n|---|---:|---:|---|\n",
+        );
+        let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
+        for n in &self.meta.nodes {
+            if let (Some(a), Some(f)) = (
+                self.latency_of(*n, Impl::Redlock),
+                self.latency_of(*n, Impl::Floor),
+            ) {
+                let r = a.p50_us / f.p50_us;
+                let _ = writeln!(
+                    md,
+                    "| uncontended p50 / floor, N = {n} | {r:.2}× | ≤ 1.10× | {} |",
+                    verdict(r <= 1.10)
+                );
+            }
+        }
+        let (first, last) = (self.meta.nodes.first(), self.meta.nodes.last());
+        if let (Some(&lo), Some(&hi)) = (first, last)
+            && lo != hi
+        {
+            let growth =
+                |w: Impl| Some(self.latency_of(hi, w)?.p50_us / self.latency_of(lo, w)?.p50_us);
+            if let (Some(a), Some(f)) = (growth(Impl::Redlock), growth(Impl::Floor)) {
+                let _ = writeln!(
+                    md,
+                    "| p50 growth N = {lo} → {hi} (floor: {f:.2}×) | {a:.2}× | ≤ floor's | {} |",
+                    verdict(a <= f * 1.05)
+                );
+            }
+        }
+        for n in [5usize] {
+            if let (Some(a), Some(f)) = (
+                self.tput_of(n, 64, Impl::Redlock),
+                self.tput_of(n, 64, Impl::Floor),
+            ) {
+                let r = a / f;
+                let _ = writeln!(
+                    md,
+                    "| throughput at 64 tasks / floor, N = {n} ({a:.0} vs {f:.0} ops/s) | {r:.2}× | ≥ 1.0× | {} |",
+                    verdict(r >= 1.0)
+                );
+            }
+        }
+        for n in [5usize, 7] {
+            if let (Some(h), Some(ok)) = (
+                self.fault_of(n, "hung", Impl::Redlock),
+                self.fault_of(n, "healthy", Impl::Redlock),
+            ) {
+                let r = h.p99_us / ok.p99_us;
+                let _ = writeln!(
+                    md,
+                    "| one hung node: p99 / healthy p99, N = {n} | {r:.2}× | ≤ 3× | {} |",
+                    verdict(r <= 3.0)
+                );
+            }
+        }
+        let budget_us =
+            (redlock::DEFAULT_NODE_TIMEOUT + Duration::from_millis(10)).as_micros() as f64;
+        for r in self
+            .faults
+            .iter()
+            .filter(|r| r.implementation == Impl::Redlock && r.fault.starts_with("majority"))
+        {
+            let ok = r.cycle.max_us <= budget_us && r.cycle.errors == r.cycle.samples;
+            let _ = writeln!(
+                md,
+                "| {}, N = {}: time to a definite error (max) | {} | ≤ {} | {} |",
+                r.fault,
+                r.n,
+                us(r.cycle.max_us),
+                us(budget_us),
+                verdict(ok)
+            );
+        }
+        if let Some(h5) = self.hot_key.iter().find(|r| r.n == 5) {
+            let get = |w: Impl| {
+                self.hot_key
+                    .iter()
+                    .find(|r| r.n == h5.n && r.implementation == w && r.clients == CONTENDERS)
+                    .and_then(|r| r.result.as_ref())
+            };
+            if let (Some(a), Some(b)) = (get(Impl::Redlock), get(Impl::Rslock)) {
+                let r = a.handoffs_per_sec / b.handoffs_per_sec;
+                let _ = writeln!(
+                    md,
+                    "| hot key N = 5: hand-offs/s / rslock ({:.0} vs {:.0}) | {r:.2}× | ≥ 1.3× | {} |",
+                    a.handoffs_per_sec,
+                    b.handoffs_per_sec,
+                    verdict(r >= 1.3)
+                );
+                let _ = writeln!(
+                    md,
+                    "| hot key N = 5: wait p99 vs rslock | {} vs {} | far below | {} |",
+                    us(a.wait.p99_us),
+                    us(b.wait.p99_us),
+                    verdict(a.wait.p99_us * 3.0 <= b.wait.p99_us)
+                );
+            }
+        }
+        if let Some(r) = self
+            .held
+            .iter()
+            .filter(|r| r.implementation == Impl::Redlock)
+            .max_by_key(|r| r.locks)
+            && let Some(h) = &r.result
+        {
+            let _ = writeln!(
+                md,
+                "| {} held locks: client CPU | {:.3} cores | well under 1 | {} |",
+                r.locks,
+                h.cpu_cores,
+                verdict(h.cpu_cores < 0.5)
+            );
+        }
+        md
+    }
+
+    /// Every scenario has numbers for every implementation that supports it.
+    pub(crate) fn check(&self) -> Vec<String> {
+        let mut missing = Vec::new();
+        let mut want = |ok: bool, what: String| {
+            if !ok {
+                missing.push(what);
+            }
+        };
+        for n in &self.meta.nodes {
+            for w in Impl::ALL {
+                want(
+                    self.latency_of(*n, w).is_some_and(|l| l.samples > 0),
+                    format!("uncontended N={n} {}", w.name()),
+                );
+            }
+        }
+        let concurrencies: std::collections::BTreeSet<usize> =
+            self.throughput.iter().map(|r| r.concurrency).collect();
+        for n in &self.meta.nodes {
+            for c in &concurrencies {
+                for w in Impl::ALL {
+                    want(
+                        self.tput_of(*n, *c, w).is_some_and(|v| v > 0.0),
+                        format!("throughput N={n} c={c} {}", w.name()),
+                    );
+                }
+            }
+        }
+        want(!self.hot_key.is_empty(), "hot key: no rows".to_owned());
+        for r in &self.hot_key {
+            want(
+                r.implementation.waits()
+                    == r.result.as_ref().is_some_and(|h| h.handoffs_per_sec > 0.0),
+                format!("hot key N={} {}", r.n, r.implementation.name()),
+            );
+        }
+        want(!self.held.is_empty(), "many held locks: no rows".to_owned());
+        for r in &self.held {
+            want(
+                r.implementation.renews()
+                    == r.result.as_ref().is_some_and(|h| h.acquire_secs > 0.0),
+                format!("held {} N={} {}", r.locks, r.n, r.implementation.name()),
+            );
+        }
+        if !self.meta.user_nodes {
+            want(!self.faults.is_empty(), "faults: no rows".to_owned());
+            let faults: std::collections::BTreeSet<(usize, &str)> = self
+                .faults
+                .iter()
+                .map(|r| (r.n, r.fault.as_str()))
+                .collect();
+            for (n, fault) in faults {
+                for w in Impl::ALL {
+                    want(
+                        self.fault_of(n, fault, w)
+                            .is_some_and(|l| l.samples + l.timeouts > 0),
+                        format!("fault {fault} N={n} {}", w.name()),
+                    );
+                }
+            }
+        }
+        missing
+    }
+}
