@@ -91,7 +91,10 @@ pub(crate) struct HeldResult {
     pub(crate) acquire_secs: f64,
     /// Client CPU (user + system, getrusage) during the hold window, in cores.
     pub(crate) cpu_cores: f64,
-    /// Commands each node executed per second during the hold window (renewal round trips).
+    /// Script calls (`EVALSHA`/`EVAL`) each node received per second during the hold window:
+    /// the renewal round trips (both renew with a script).
+    pub(crate) node_round_trips_per_sec: f64,
+    /// Commands each node executed per second, including those run inside scripts.
     pub(crate) node_cmds_per_sec: f64,
     /// Locks whose holder saw them lost (or that could not be re-checked) at the end.
     pub(crate) lost: u64,
@@ -271,15 +274,15 @@ impl Report {
         let _ = writeln!(
             md,
             "\n### Many held locks, auto-renewed by one client\n\n\
-             | N | locks | TTL | held | impl | acquire all | client CPU (cores) | commands/s per node | lost |\n\
-             |---:|---:|---:|---:|---|---:|---:|---:|---:|"
+             | N | locks | TTL | held | impl | acquire all | client CPU (cores) | renewal round trips/s per node | commands/s per node (incl. in scripts) | lost |\n\
+             |---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"
         );
         for r in &self.held {
             match &r.result {
                 Some(h) => {
                     let _ = writeln!(
                         md,
-                        "| {} | {} | {:.0} s | {:.0} s | {} | {:.2} s | {:.3} | {:.1} | {} |",
+                        "| {} | {} | {:.0} s | {:.0} s | {} | {:.2} s | {:.3} | {:.1} | {:.0} | {} |",
                         r.n,
                         r.locks,
                         r.ttl_secs,
@@ -287,6 +290,7 @@ impl Report {
                         r.implementation.name(),
                         h.acquire_secs,
                         h.cpu_cores,
+                        h.node_round_trips_per_sec,
                         h.node_cmds_per_sec,
                         h.lost
                     );
@@ -294,7 +298,7 @@ impl Report {
                 None => {
                     let _ = writeln!(
                         md,
-                        "| {} | {} | {:.0} s | {:.0} s | {} | n/a | n/a | n/a | n/a |",
+                        "| {} | {} | {:.0} s | {:.0} s | {} | n/a | n/a | n/a | n/a | n/a |",
                         r.n,
                         r.locks,
                         r.ttl_secs,

@@ -211,27 +211,34 @@ fn cpu_time() -> Duration {
     })
 }
 
-/// Sum over `urls` of `total_commands_processed` (INFO stats).
-pub(crate) async fn node_commands(urls: &[String]) -> u64 {
-    let mut total = 0;
+/// Sums over `urls`: (script calls from clients — `EVALSHA`/`EVAL` — i.e. round trips of a
+/// script-based renewal, and every command executed, including those run inside scripts).
+pub(crate) async fn node_commands(urls: &[String]) -> (u64, u64) {
+    let (mut scripts, mut total) = (0, 0);
     for url in urls {
         let info: redis::RedisResult<String> = async {
             let mut conn = redis::Client::open(url.as_str())?
                 .get_multiplexed_async_connection()
                 .await?;
-            redis::cmd("INFO").arg("stats").query_async(&mut conn).await
+            redis::cmd("INFO").arg("all").query_async(&mut conn).await
         }
         .await;
-        total += info
-            .ok()
-            .and_then(|i| {
-                i.lines()
-                    .find_map(|l| l.strip_prefix("total_commands_processed:"))
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-            })
-            .unwrap_or(0);
+        let Ok(info) = info else { continue };
+        for line in info.lines() {
+            if let Some(v) = line.strip_prefix("total_commands_processed:") {
+                total += v.trim().parse::<u64>().unwrap_or(0);
+            }
+            for cmd in ["cmdstat_evalsha:", "cmdstat_eval:"] {
+                if let Some(calls) = line
+                    .strip_prefix(cmd)
+                    .and_then(|f| f.split(',').find_map(|kv| kv.strip_prefix("calls=")))
+                {
+                    scripts += calls.trim().parse::<u64>().unwrap_or(0);
+                }
+            }
+        }
     }
-    total
+    (scripts, total)
 }
 
 /// `locks` locks acquired by one client (64 acquisitions in flight), held and auto-renewed
@@ -314,7 +321,8 @@ pub(crate) async fn held(
     tokio::time::sleep(hold).await;
     let cpu = cpu_time().saturating_sub(cpu0);
     let wall = t0.elapsed().as_secs_f64();
-    let cmds = node_commands(urls).await.saturating_sub(cmds0);
+    let cmds1 = node_commands(urls).await;
+    let per_node = |a: u64, b: u64| a.saturating_sub(b) as f64 / wall / urls.len() as f64;
     let _ = stop_tx.send(true);
     let mut lost = 0;
     for t in join_all(tasks).await {
@@ -324,7 +332,8 @@ pub(crate) async fn held(
         held: locks - failed_acquires,
         acquire_secs,
         cpu_cores: cpu.as_secs_f64() / wall,
-        node_cmds_per_sec: cmds as f64 / wall / urls.len() as f64,
+        node_round_trips_per_sec: per_node(cmds1.0, cmds0.0),
+        node_cmds_per_sec: per_node(cmds1.1, cmds0.1),
         lost,
     })
 }
