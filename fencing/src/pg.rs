@@ -284,8 +284,8 @@ fn check_ident(name: &str) -> Result<(), FenceError> {
 /// `{table}` is replaced by the validated table name.
 ///
 /// The high water of a resource is one row, so that `FOR UPDATE` on it serialises concurrent
-/// admissions even before the resource's first admission: the `INSERT … ON CONFLICT DO
-/// NOTHING` makes the row exist (a concurrent inserter waits on the unique index until the
+/// admissions. Before the resource's first admission the `INSERT … ON CONFLICT DO NOTHING`
+/// makes the row exist (a concurrent inserter waits on the unique index until the
 /// first commits), then the row lock orders everyone. Under READ COMMITTED each statement of
 /// the function takes a fresh snapshot, so the locked row is the latest committed version.
 const SCHEMA_SQL: &str = r"
@@ -310,10 +310,14 @@ BEGIN
         RAISE EXCEPTION 'fence token needs as many stamps as nodes, and at least one'
             USING ERRCODE = '22023';
     END IF;
-    INSERT INTO {table} (resource, nodes, stamps) VALUES (p_resource, '{}', '{}')
-        ON CONFLICT (resource) DO NOTHING;
     SELECT t.nodes, t.stamps INTO h_nodes, h_stamps
         FROM {table} t WHERE t.resource = p_resource FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO {table} (resource, nodes, stamps) VALUES (p_resource, '{}', '{}')
+            ON CONFLICT (resource) DO NOTHING;
+        SELECT t.nodes, t.stamps INTO h_nodes, h_stamps
+            FROM {table} t WHERE t.resource = p_resource FOR UPDATE;
+    END IF;
 
     FOR i IN 1 .. cardinality(p_nodes) LOOP
         j := array_position(h_nodes, p_nodes[i]);
