@@ -10,6 +10,9 @@ use crate::error::{ConfigError, Error};
 use crate::node::{NodeSpec, RedisBackend, RedisNode, redact_url};
 use crate::waiters::Waiters;
 
+/// Longest node name accepted: names travel in fence tokens, which cap them at this length.
+pub const MAX_NODE_NAME_LEN: usize = 128;
+
 /// Builds a [`Redlock`]. Nothing connects until the first request.
 #[must_use]
 #[derive(Default)]
@@ -213,6 +216,16 @@ impl RedlockBuilder {
                     reason,
                 }
             })?;
+            if spec.name.is_empty()
+                || spec.name.len() > MAX_NODE_NAME_LEN
+                || spec.name.chars().any(char::is_control)
+            {
+                return Err(ConfigError::InvalidNodeName {
+                    index,
+                    name: spec.name.to_string(),
+                }
+                .into());
+            }
             if let Some(first) = specs.iter().position(|s| s.identity == spec.identity) {
                 return Err(ConfigError::DuplicateNode {
                     first,

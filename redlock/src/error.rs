@@ -320,6 +320,15 @@ pub enum ConfigError {
         /// The node's name.
         node: String,
     },
+    /// A node name is empty, longer than [`MAX_NODE_NAME_LEN`](crate::MAX_NODE_NAME_LEN)
+    /// bytes, or contains control characters.
+    #[error("node #{index} has an unusable name {name:?}: 1 to 128 bytes, no control characters")]
+    InvalidNodeName {
+        /// Position in the node list.
+        index: usize,
+        /// The name.
+        name: String,
+    },
     /// Two nodes were given the same display name.
     #[error("nodes #{first} and #{second} share the name {name:?}; names must be unique")]
     DuplicateName {

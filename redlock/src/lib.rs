@@ -15,7 +15,7 @@ mod telemetry;
 mod token;
 mod waiters;
 
-pub use builder::RedlockBuilder;
+pub use builder::{MAX_NODE_NAME_LEN, RedlockBuilder};
 pub use client::Redlock;
 pub use config::{
     Config, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_KEY_PREFIX, DEFAULT_MAX_HOLD,

@@ -113,6 +113,17 @@ fn malformed_and_duplicate_urls_are_rejected_without_echoing_passwords() {
             .build(),
     );
     assert!(matches!(e, ConfigError::DuplicateName { .. }), "{e:?}");
+    for bad in [String::new(), "x".repeat(129), "tab\there".into()] {
+        let e = config_err(
+            Redlock::builder()
+                .named_node(bad.clone(), "redis://127.0.0.1:1")
+                .build(),
+        );
+        assert!(
+            matches!(e, ConfigError::InvalidNodeName { index: 0, .. }),
+            "{bad:?}: {e:?}"
+        );
+    }
 }
 
 #[test]

@@ -7,15 +7,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{NODE_TIMEOUT, eventually, lock_keys, set};
+use common::{eventually, lock_keys, set};
 use redlock::{Error, LostReason, Redlock, RetryPolicy};
 use redlock_testkit::{Cluster, DataOnRestart};
+
+/// Lease tests run many clusters in parallel; a roomier node timeout than the protocol tests'
+/// keeps CPU contention from failing renewals that the tests expect to succeed.
+const LEASE_NODE_TIMEOUT: Duration = Duration::from_millis(200);
 
 fn client(cluster: &Cluster, ttl: Duration) -> redlock::RedlockBuilder {
     Redlock::builder()
         .nodes(cluster.urls())
         .ttl(ttl)
-        .node_timeout(NODE_TIMEOUT)
+        .node_timeout(LEASE_NODE_TIMEOUT)
         .retry(
             RetryPolicy::deadline(Duration::from_secs(15))
                 .with_delay(Duration::from_millis(20), Duration::from_millis(20)),
@@ -281,7 +285,11 @@ async fn eight_contenders_on_one_key_all_make_progress() {
                     .await
                     .expect("acquire within its deadline");
                 tokio::time::sleep(Duration::from_millis(1)).await;
-                rl.release(lock).await.unwrap();
+                // Under heavy CPU load a release can miss its quorum of confirmations; the key
+                // then expires with its TTL, which this test must survive, not hide.
+                if let Err(e) = rl.release(lock).await {
+                    println!("release failed under load: {e}");
+                }
                 wins += 1;
             }
             wins
