@@ -409,9 +409,19 @@ impl<B: Backend> Core<B> {
                     .collect(),
             });
             let n = self.backend.len();
+            // A batch is one script doing work for every lock in it, and the renewal starts
+            // with most of the validity left: allow it more than one request's node timeout
+            // (a tight bound turned a busy moment into lost locks), but never a quarter TTL.
+            let per_lock =
+                Duration::from_micros(20) * u32::try_from(chunk.len()).unwrap_or(u32::MAX);
+            let budget = |i: usize| {
+                (self.backend.budget(i) * 2 + per_lock)
+                    .min(self.config.ttl / 4)
+                    .max(self.backend.budget(i))
+            };
             let answers = join_all((0..n).map(|i| {
                 let call = self.backend.extend_many(i, Arc::clone(&batch));
-                tokio::time::timeout(self.backend.budget(i), call)
+                tokio::time::timeout(budget(i), call)
             }))
             .await;
             let elapsed = started.elapsed();

@@ -11,10 +11,16 @@ use futures_util::future::join_all;
 use redis::aio::PubSubSink;
 use tokio::sync::Notify;
 
-/// Per-channel interest: the notifier local waiters sleep on, and how many wait.
+/// A channel nobody waited on for this long is unsubscribed (by the next new waiter).
+const IDLE: Duration = Duration::from_secs(30);
+
+/// Per-channel interest: the notifier local waiters sleep on, how many wait, whether every
+/// node confirmed the subscription, and since when nobody waits.
 struct Channel {
     notify: Arc<Notify>,
     waiters: usize,
+    subscribed: bool,
+    idle_since: Option<tokio::time::Instant>,
 }
 
 /// One node's subscription connection, opened on first use.
@@ -39,7 +45,8 @@ impl std::fmt::Debug for Waiters {
     }
 }
 
-/// A waiter's registration; unsubscribes (lazily) when the last waiter of a channel leaves.
+/// A waiter's registration. The subscription outlives it: a hot key's waiters come and go far
+/// faster than a subscribe round trip, so channels are dropped only after [`IDLE`].
 pub(crate) struct Interest {
     waiters: Arc<Waiters>,
     channel: String,
@@ -48,24 +55,11 @@ pub(crate) struct Interest {
 
 impl Drop for Interest {
     fn drop(&mut self) {
-        let last = {
-            let mut channels = lock(&self.waiters.channels);
-            match channels.get_mut(&self.channel) {
-                Some(c) if c.waiters <= 1 => {
-                    channels.remove(&self.channel);
-                    true
-                }
-                Some(c) => {
-                    c.waiters -= 1;
-                    false
-                }
-                None => false,
+        if let Some(c) = lock(&self.waiters.channels).get_mut(&self.channel) {
+            c.waiters = c.waiters.saturating_sub(1);
+            if c.waiters == 0 {
+                c.idle_since = Some(tokio::time::Instant::now());
             }
-        };
-        if last && let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let waiters = Arc::clone(&self.waiters);
-            let channel = std::mem::take(&mut self.channel);
-            rt.spawn(async move { waiters.unsubscribe(&channel).await });
         }
     }
 }
@@ -112,24 +106,45 @@ impl Waiters {
     /// Registers interest in `channel` and makes sure every reachable node delivers it.
     /// Subscription failures are ignored: waiters then fall back to their retry delay.
     pub(crate) async fn interest(self: &Arc<Self>, channel: &str) -> Interest {
-        let (notify, first) = {
+        let now = tokio::time::Instant::now();
+        let (notify, subscribed, idle) = {
             let mut channels = lock(&self.channels);
+            let idle: Vec<String> = channels
+                .iter()
+                .filter(|(_, c)| c.idle_since.is_some_and(|t| now - t > IDLE))
+                .map(|(name, _)| name.clone())
+                .collect();
+            for name in &idle {
+                channels.remove(name);
+            }
             let c = channels
                 .entry(channel.to_owned())
                 .or_insert_with(|| Channel {
                     notify: Arc::new(Notify::new()),
                     waiters: 0,
+                    subscribed: false,
+                    idle_since: None,
                 });
             c.waiters += 1;
-            (Arc::clone(&c.notify), c.waiters == 1)
+            c.idle_since = None;
+            (Arc::clone(&c.notify), c.subscribed, idle)
         };
-        if first {
-            join_all(
+        for name in idle {
+            let waiters = Arc::clone(self);
+            tokio::spawn(async move { waiters.unsubscribe(&name).await });
+        }
+        if !subscribed {
+            let ok = join_all(
                 self.nodes
                     .iter()
                     .map(|n| tokio::time::timeout(self.timeout, self.subscribe(n, channel))),
             )
-            .await;
+            .await
+            .into_iter()
+            .all(|r| r == Ok(true));
+            if ok && let Some(c) = lock(&self.channels).get_mut(channel) {
+                c.subscribed = true;
+            }
         }
         Interest {
             waiters: Arc::clone(self),
@@ -138,11 +153,12 @@ impl Waiters {
         }
     }
 
-    async fn subscribe(&self, node: &NodeSub, channel: &str) {
+    /// Subscribes `channel` on one node; `true` once the node confirmed it.
+    async fn subscribe(&self, node: &NodeSub, channel: &str) -> bool {
         let mut sink = node.sink.lock().await;
         if sink.is_none() {
             let Ok(pubsub) = node.client.get_async_pubsub().await else {
-                return;
+                return false;
             };
             let (new_sink, mut stream) = pubsub.split();
             let channels = Arc::downgrade(&self.channels);
@@ -158,20 +174,29 @@ impl Waiters {
             });
             *sink = Some(new_sink);
         }
-        if let Some(s) = sink.as_mut()
-            && s.subscribe(channel).await.is_err()
-        {
-            // A broken subscription connection is reopened by the next waiter.
-            *sink = None;
+        let Some(s) = sink.as_mut() else { return false };
+        if s.subscribe(channel).await.is_ok() {
+            return true;
         }
+        // A broken subscription connection is reopened by the next waiter; every channel is
+        // subscribed again on it as its waiters come.
+        *sink = None;
+        for c in lock(&self.channels).values_mut() {
+            c.subscribed = false;
+        }
+        false
     }
 
     async fn unsubscribe(&self, channel: &str) {
-        if lock(&self.channels).contains_key(channel) {
-            return; // a new waiter arrived meanwhile
-        }
         join_all(self.nodes.iter().map(|n| async move {
-            if let Some(s) = n.sink.lock().await.as_mut() {
+            let mut sink = n.sink.lock().await;
+            // Checked under the sink's lock: a waiter that re-created the channel meanwhile
+            // subscribes under the same lock, so its SUBSCRIBE cannot be overtaken by this
+            // UNSUBSCRIBE.
+            if lock(&self.channels).contains_key(channel) {
+                return;
+            }
+            if let Some(s) = sink.as_mut() {
                 let _ = tokio::time::timeout(self.timeout, s.unsubscribe(channel)).await;
             }
         }))

@@ -179,13 +179,22 @@ async fn a_job_five_times_longer_than_the_ttl_keeps_the_lock_throughout() {
         .retry(RetryPolicy::once())
         .build()
         .unwrap();
+    // `holding` is set by the job itself: only a rival grant while the job runs counts.
+    let holding = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicBool::new(false));
     let stolen = Arc::new(AtomicU64::new(0));
     let polls = Arc::new(AtomicU64::new(0));
     let poller = {
-        let (done, stolen, polls) = (Arc::clone(&done), Arc::clone(&stolen), Arc::clone(&polls));
+        let (holding, done, stolen, polls) = (
+            Arc::clone(&holding),
+            Arc::clone(&done),
+            Arc::clone(&stolen),
+            Arc::clone(&polls),
+        );
         tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            while !holding.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
             while !done.load(Ordering::SeqCst) {
                 if let Ok(lock) = rival.try_acquire("long-job").await {
                     if !done.load(Ordering::SeqCst) {
@@ -199,9 +208,16 @@ async fn a_job_five_times_longer_than_the_ttl_keeps_the_lock_throughout() {
         })
     };
     let finished = owner
-        .with_lock("long-job", |lease| async move {
-            tokio::time::sleep(ttl * 5 + Duration::from_millis(100)).await;
-            !lease.is_lost()
+        .with_lock("long-job", |lease| {
+            let holding = Arc::clone(&holding);
+            let done = Arc::clone(&done);
+            async move {
+                holding.store(true, Ordering::SeqCst);
+                tokio::time::sleep(ttl * 5 + Duration::from_millis(100)).await;
+                // Stop counting before the lock is released.
+                done.store(true, Ordering::SeqCst);
+                !lease.is_lost()
+            }
         })
         .await
         .expect("job completes under its lock");
