@@ -223,7 +223,9 @@ impl<B: Backend> Core<B> {
                 if let Some(n) = notified.as_mut() {
                     n.as_mut().enable();
                 }
+                let attempt_started = Instant::now();
                 let result = self.attempt(&resources, &keys, token, fixed).await;
+                let round_trip = attempt_started.elapsed();
                 let err = match result {
                     Ok(lock) => {
                         tracing::debug!(attempts, token = %lock.token, remaining = ?lock.remaining(), "acquired");
@@ -261,9 +263,16 @@ impl<B: Backend> Core<B> {
                     }
                     (_, _, Some(_)) if notified.is_some() => {
                         let wake = notified.take();
-                        tokio::select! {
-                            () = async { if let Some(w) = wake { w.await } } => {}
-                            () = tokio::time::sleep(pause) => {}
+                        let woken = tokio::select! {
+                            () = async { if let Some(w) = wake { w.await } } => true,
+                            () = tokio::time::sleep(pause) => false,
+                        };
+                        if woken {
+                            // Every client's waiter hears the same release. Retrying all at once
+                            // splits the nodes' votes so that nobody reaches a quorum; a random
+                            // stagger of up to two round trips lets the first one win cleanly.
+                            let unit: f64 = rand::rng().random();
+                            tokio::time::sleep((round_trip * 2).mul_f64(unit)).await;
                         }
                     }
                     _ => tokio::time::sleep(pause).await,
