@@ -256,6 +256,10 @@ pub(crate) async fn held(
     let acquired = Arc::new(AtomicUsize::new(0));
     let failed = Arc::new(AtomicUsize::new(0));
     let (stop_tx, stop_rx) = watch::channel(false);
+    // Every holder reports whether it lost its lock *before* any holder releases: 20,000
+    // releases at once would otherwise delay the renewals of the holders still checking.
+    let (release_tx, release_rx) = watch::channel(false);
+    let checked = Arc::new(AtomicUsize::new(0));
     let t_acquire = Instant::now();
     let tag = format!("bench:{}:held{}:{locks}", which.name(), urls.len());
     let tasks: Vec<_> = (0..locks)
@@ -267,6 +271,8 @@ pub(crate) async fn held(
                 Arc::clone(&failed),
             );
             let mut stop = stop_rx.clone();
+            let mut release = release_rx.clone();
+            let checked = Arc::clone(&checked);
             let resource = format!("{tag}:{i}");
             tokio::spawn(async move {
                 let permit = permits.acquire_owned().await.expect("semaphore open");
@@ -275,8 +281,9 @@ pub(crate) async fn held(
                         let lock = match rl.try_acquire(&resource).await {
                             Ok(l) => l,
                             Err(_) => {
+                                // Reported separately (and excluded from "held"), not as lost.
                                 failed.fetch_add(1, Ordering::Relaxed);
-                                return 1u64;
+                                return 0u64;
                             }
                         };
                         let guard = rl.guard(lock);
@@ -284,6 +291,8 @@ pub(crate) async fn held(
                         acquired.fetch_add(1, Ordering::Relaxed);
                         let _ = stop.wait_for(|s| *s).await;
                         let lost = u64::from(guard.lease().is_lost());
+                        checked.fetch_add(1, Ordering::Relaxed);
+                        let _ = release.wait_for(|r| *r).await;
                         let _ = guard.release().await;
                         lost
                     }
@@ -294,6 +303,8 @@ pub(crate) async fn held(
                                 drop(permit);
                                 done.fetch_add(1, Ordering::Relaxed);
                                 let _ = stop.wait_for(|s| *s).await;
+                                checked.fetch_add(1, Ordering::Relaxed);
+                                let _ = release.wait_for(|r| *r).await;
                             })
                             .await;
                         // `using` returns an error when a renewal failed (lock lost).
@@ -324,6 +335,11 @@ pub(crate) async fn held(
     let cmds1 = node_commands(urls).await;
     let per_node = |a: u64, b: u64| a.saturating_sub(b) as f64 / wall / urls.len() as f64;
     let _ = stop_tx.send(true);
+    let holders = locks - failed_acquires;
+    while checked.load(Ordering::Relaxed) < holders {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let _ = release_tx.send(true);
     let mut lost = 0;
     for t in join_all(tasks).await {
         lost += t.unwrap_or(1);
