@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{eventually, lock_keys, set};
+use common::{lock_keys, no_lock_keys_within, set};
 use redlock::{Error, LostReason, Redlock, RetryPolicy};
 use redlock_testkit::{Cluster, DataOnRestart};
 
@@ -157,10 +157,7 @@ async fn release_racing_renewal_never_resurrects_the_lock() {
         let guard = rl.guard(rl.try_acquire("race").await.unwrap());
         tokio::time::sleep(Duration::from_micros(round % 4 * 900)).await;
         guard.release().await.unwrap();
-        let gone = eventually(Duration::from_millis(500), || async {
-            lock_keys(&cluster).await.is_empty()
-        })
-        .await;
+        let gone = no_lock_keys_within(&cluster, Duration::from_millis(500)).await;
         assert!(gone, "round {round}: key left after release");
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -272,12 +269,7 @@ async fn five_thousand_held_locks_renew_in_batches() {
     for g in guards {
         g.release().await.unwrap();
     }
-    assert!(
-        eventually(Duration::from_secs(3), || async {
-            lock_keys(&cluster).await.is_empty()
-        })
-        .await
-    );
+    assert!(no_lock_keys_within(&cluster, Duration::from_secs(3)).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

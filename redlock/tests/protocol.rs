@@ -5,7 +5,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{NODE_TIMEOUT, client, eventually, get, lock_keys, set};
+use common::{NODE_TIMEOUT, client, eventually, get, lock_keys, no_lock_keys_within, set};
 use redlock::{Error, NodeOutcome, RetryPolicy};
 use redlock_testkit::Cluster;
 use redlock_testkit::redis::AsyncCommands;
@@ -91,12 +91,7 @@ async fn one_killed_paused_or_slow_node_of_five_does_not_stop_acquire() {
     assert!(report.released() >= 3, "{report:?}");
     cluster.node(2).proxy().unwrap().heal();
     // The slow node's late grant is cleaned up by its queued release.
-    assert!(
-        eventually(Duration::from_secs(3), || async {
-            lock_keys(&cluster).await.is_empty()
-        })
-        .await
-    );
+    assert!(no_lock_keys_within(&cluster, Duration::from_secs(3)).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -126,10 +121,7 @@ async fn majority_paused_fails_fast_and_leaves_no_key_after_resume() {
     assert_eq!(timed_out, 3, "{err}");
     // The paused nodes run the queued acquire and then the queued release, in order.
     assert!(
-        eventually(Duration::from_secs(3), || async {
-            lock_keys(&cluster).await.is_empty()
-        })
-        .await,
+        no_lock_keys_within(&cluster, Duration::from_secs(3)).await,
         "keys left: {:?}",
         lock_keys(&cluster).await
     );
@@ -337,12 +329,7 @@ async fn without_claim_stamps_locks_still_exclude_and_write_no_stamp() {
     }
     rl.release(again).await.unwrap();
     rl.release(many).await.unwrap();
-    assert!(
-        eventually(Duration::from_secs(2), || async {
-            lock_keys(&cluster).await.is_empty()
-        })
-        .await
-    );
+    assert!(no_lock_keys_within(&cluster, Duration::from_secs(2)).await);
 }
 
 /// Regression: under load a release must never overtake its own acquire on a node (which would
@@ -390,10 +377,5 @@ async fn under_load_private_keys_never_see_their_own_leftovers() {
         total > 1_000,
         "only {total} cycles: not enough load to mean anything"
     );
-    assert!(
-        eventually(Duration::from_secs(2), || async {
-            lock_keys(&cluster).await.is_empty()
-        })
-        .await
-    );
+    assert!(no_lock_keys_within(&cluster, Duration::from_secs(2)).await);
 }

@@ -29,6 +29,12 @@ pub async fn lock_keys(cluster: &Cluster) -> Vec<(usize, String)> {
     cluster.keys("redlock:lock:*").await
 }
 
+/// Whether every node is free of lock keys within `limit` (slow nodes finish releases in the
+/// background, so an immediate check would race them).
+pub async fn no_lock_keys_within(cluster: &Cluster, limit: Duration) -> bool {
+    eventually(limit, || async { lock_keys(cluster).await.is_empty() }).await
+}
+
 /// The value of `key` on node `i`, read directly (not through a proxy).
 pub async fn get(cluster: &Cluster, i: usize, key: &str) -> Option<String> {
     let mut c = cluster
