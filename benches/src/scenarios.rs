@@ -286,7 +286,7 @@ pub(crate) async fn held(
                                 return 0u64;
                             }
                         };
-                        let guard = rl.guard(lock);
+                        let guard = rl.guard(lock).expect("a lock of this client");
                         drop(permit);
                         acquired.fetch_add(1, Ordering::Relaxed);
                         let _ = stop.wait_for(|s| *s).await;

@@ -6,24 +6,22 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
-use crate::error::NodeError;
+use crate::error::{ConfigError, NodeError};
+use crate::lock::Claim;
 use crate::token::Token;
 
 /// One request sent to every node of a phase.
 #[derive(Debug)]
 pub(crate) enum Op {
-    /// Grant (or re-arm our own token) and, with a stamp key, return the node's claim stamp.
+    /// Grant (or re-arm our own token) and, with claim stamps on, return the node's claim.
     Acquire {
-        /// `None` when claim stamps are off.
-        stamp_key: Option<Arc<str>>,
-        /// The node's birth record, for the restart quarantine.
-        born_key: Arc<str>,
-        /// Restart quarantine in ms; 0 = off.
-        quarantine_ms: u64,
+        /// Whether the grant issues a claim stamp.
+        stamped: bool,
         keys: Arc<[String]>,
         token: Token,
         ttl_ms: u64,
-        /// The token may already be on the node (re-acquire with a known token).
+        /// The token may already be on the node (re-acquire with a known token, or a renewal
+        /// putting back keys a node lost).
         rearm: bool,
     },
     /// Owner-checked `PEXPIRE` of every key.
@@ -41,12 +39,25 @@ pub(crate) enum Op {
 }
 
 /// A node's answer, stripped to what the quorum engine needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Reply {
-    /// Granted / extended / deleted. Acquire grants carry the node's claim stamp (µs).
-    Yes { stamp_us: Option<u64> },
+    /// Granted / extended / deleted. Stamped acquire grants carry the node's claim: the
+    /// server's identity and the stamp it issued.
+    Yes { claim: Option<Claim> },
     /// Refused / not ours / already gone.
     No,
+}
+
+/// What a batched renewal found for one lock on one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renewed {
+    /// Every key held our token and was re-armed.
+    Extended,
+    /// No key is held by anyone else, but the node lost some (or all) of them; the present ones
+    /// were re-armed.
+    Missing,
+    /// A key holds another token (or the lock is gone and the node may not say more).
+    Refused,
 }
 
 /// A set of N nodes the engine can talk to.
@@ -55,23 +66,36 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn len(&self) -> usize;
     /// Display name of node `i` (never contains a secret).
     fn name(&self, i: usize) -> &Arc<str>;
-    /// How long the engine waits for node `i`'s answer to one request. Real nodes add the
-    /// connect timeout while they have no connection yet.
+    /// How long the engine waits for node `i`'s answer to one request — including any wait for
+    /// a connection being opened, which goes on in the background past it.
     fn budget(&self, i: usize) -> Duration;
     /// Sends `op` to node `i`. The future must make progress on its own once created
     /// (it is polled from a spawned task) and must not borrow `self`.
     fn call(&self, i: usize, op: Arc<Op>) -> BoxFuture<'static, Result<Reply, NodeError>>;
-    /// Extends many locks on node `i` in one round trip; one `true` per extended lock.
+    /// Extends many locks on node `i` in one round trip, each with its own TTL; one answer per
+    /// lock.
     fn extend_many(
         &self,
         i: usize,
         batch: Arc<Batch>,
-    ) -> BoxFuture<'static, Result<Vec<bool>, NodeError>>;
+    ) -> BoxFuture<'static, Result<Vec<Renewed>, NodeError>>;
+    /// A configuration error found after `build()` — the same server behind two of the
+    /// configured addresses — after which the client must not count any vote.
+    fn misconfigured(&self) -> Option<ConfigError> {
+        None
+    }
 }
 
-/// Locks renewed together: their keys and tokens, and the TTL they all get.
+/// Locks renewed together: their keys, tokens and each lock's own TTL.
 #[derive(Debug)]
 pub(crate) struct Batch {
+    pub(crate) locks: Vec<BatchEntry>,
+}
+
+/// One lock of a renewal batch.
+#[derive(Debug)]
+pub(crate) struct BatchEntry {
+    pub(crate) keys: Arc<[String]>,
+    pub(crate) token: Token,
     pub(crate) ttl_ms: u64,
-    pub(crate) locks: Vec<(Arc<[String]>, Token)>,
 }

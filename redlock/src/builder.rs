@@ -7,7 +7,7 @@ use crate::client::{Core, Redlock};
 use crate::config::{Config, RetryPolicy};
 use crate::engine;
 use crate::error::{ConfigError, Error};
-use crate::node::{NodeSpec, RedisBackend, RedisNode, redact_url};
+use crate::node::{Identities, NodeKeys, NodeSpec, RedisBackend, RedisNode, redact_url};
 use crate::waiters::Waiters;
 
 /// Longest node name accepted: names travel in fence tokens, which cap them at this length.
@@ -250,32 +250,48 @@ impl RedlockBuilder {
                 "an even number of nodes tolerates no more failures than one node fewer"
             );
         }
+        let identities = Arc::new(Identities::new(
+            specs.iter().map(|s| Arc::clone(&s.name)).collect(),
+        ));
+        let keys = NodeKeys {
+            identity: format!("{}node", c.key_prefix).into(),
+            stamp: format!("{}stamp", c.key_prefix).into(),
+            quarantine: c.restart_quarantine,
+        };
         let mut nodes = Vec::with_capacity(specs.len());
         for (index, spec) in specs.iter().enumerate() {
-            let node = RedisNode::new(spec, c.connect_timeout, self.tls_root_ca.as_deref())
-                .map_err(|reason| match spec.tls {
-                    true => ConfigError::Tls(reason),
-                    false => ConfigError::InvalidNodeUrl {
-                        index,
-                        url: redact_url(&self.nodes[index].1),
-                        reason,
-                    },
-                })?;
+            let node = RedisNode::new(
+                index,
+                spec,
+                c.connect_timeout,
+                self.tls_root_ca.as_deref(),
+                keys.clone(),
+                Arc::clone(&identities),
+            )
+            .map_err(|reason| match spec.tls {
+                true => ConfigError::Tls(reason),
+                false => ConfigError::InvalidNodeUrl {
+                    index,
+                    url: redact_url(&self.nodes[index].1),
+                    reason,
+                },
+            })?;
             nodes.push(Arc::new(node));
         }
+        let origin: Vec<&str> = specs.iter().map(|s| s.identity.as_str()).collect();
+        let origin = origin.join(",");
         let backend = RedisBackend {
             nodes,
             node_timeout: c.node_timeout,
             connect_timeout: c.connect_timeout,
+            identities,
         };
         let waiters = Waiters::new(
             backend.nodes.iter().map(|n| n.client().clone()).collect(),
             c.node_timeout.max(Duration::from_millis(200)),
         );
-        Ok(Redlock::from_core(Core::new(
-            self.config,
-            backend,
-            Some(waiters),
-        )))
+        Ok(Redlock::from_core(
+            Core::new(self.config, backend, Some(waiters)).with_origin(origin),
+        ))
     }
 }

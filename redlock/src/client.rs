@@ -15,7 +15,7 @@ use crate::config::{Config, MAX_RESOURCES_PER_LOCK, RetryPolicy};
 use crate::engine::{self, Goal, Phase};
 use crate::error::{Error, NodeOutcome, NodeReport, Phase as PhaseName, ResourceError};
 use crate::lease::{Lease, LockGuard, LostReason, Renewals};
-use crate::lock::{Claim, Lock, ReleaseReport};
+use crate::lock::{Claim, Deadline, Lock, ReleaseReport};
 use crate::node::RedisBackend;
 use crate::telemetry;
 use crate::token::Token;
@@ -28,8 +28,8 @@ type Names = Arc<[String]>;
 pub(crate) struct Core<B> {
     pub(crate) config: Config,
     pub(crate) backend: Arc<B>,
-    stamp_key: Arc<str>,
-    born_key: Arc<str>,
+    /// The node list this client talks to; a lock remembers the one it was taken on.
+    pub(crate) origin: Arc<str>,
     lock_prefix: String,
     channel_prefix: String,
     pub(crate) renewals: Arc<Renewals>,
@@ -39,9 +39,9 @@ pub(crate) struct Core<B> {
 impl<B: Backend> Core<B> {
     pub(crate) fn new(config: Config, backend: B, waiters: Option<Waiters>) -> Self {
         let p = &config.key_prefix;
+        let origin: Vec<&str> = (0..backend.len()).map(|i| &**backend.name(i)).collect();
         Self {
-            stamp_key: format!("{p}stamp").into(),
-            born_key: format!("{p}born").into(),
+            origin: origin.join(",").into(),
             lock_prefix: format!("{p}lock:"),
             channel_prefix: format!("{p}release:"),
             config,
@@ -61,6 +61,34 @@ impl<B: Backend> Core<B> {
 
     pub(crate) fn quorum(&self) -> usize {
         engine::quorum(self.backend.len())
+    }
+
+    /// Sets the node list a lock is recognised by (the builder uses the normalised addresses,
+    /// so two clients of the same nodes under different display names agree).
+    pub(crate) fn with_origin(mut self, origin: impl Into<Arc<str>>) -> Self {
+        self.origin = origin.into();
+        self
+    }
+
+    /// Fails when the client found itself misconfigured after `build()` (one server behind two
+    /// of its addresses): no vote of it may be counted then.
+    pub(crate) fn usable(&self) -> Result<(), Error> {
+        match self.backend.misconfigured() {
+            Some(e) => Err(Error::Config(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Fails for a lock taken by a client of other nodes.
+    pub(crate) fn owns(&self, origin: &Arc<str>) -> Result<(), Error> {
+        if Arc::ptr_eq(origin, &self.origin) || **origin == *self.origin {
+            Ok(())
+        } else {
+            Err(Error::ForeignLock {
+                lock_nodes: origin.to_string(),
+                client_nodes: self.origin.to_string(),
+            })
+        }
     }
 
     /// Validates resource names and maps them to keys.
@@ -108,16 +136,11 @@ impl<B: Backend> Core<B> {
         token: Token,
         rearm: bool,
     ) -> Result<Lock, Error> {
+        self.usable()?;
         let ttl = self.config.ttl;
-        let drift = engine::drift(ttl, self.config.drift_factor);
         let started = Instant::now();
         let op = Arc::new(Op::Acquire {
-            stamp_key: self
-                .config
-                .claim_stamps
-                .then(|| Arc::clone(&self.stamp_key)),
-            born_key: Arc::clone(&self.born_key),
-            quarantine_ms: self.config.restart_quarantine.map_or(0, |q| self.ttl_ms(q)),
+            stamped: self.config.claim_stamps,
             keys: Arc::clone(keys),
             token: token.clone(),
             ttl_ms: self.ttl_ms(ttl),
@@ -139,57 +162,48 @@ impl<B: Backend> Core<B> {
         if !d.success {
             phase.abandon();
             let refused = d.count(|o| matches!(o, NodeOutcome::Refused));
-            let nodes = d.reports(&*self.backend);
-            return Err(if refused > self.backend.len() - d.needed {
+            let err = engine::missed(
+                PhaseName::Acquire,
+                d.positive,
+                refused,
+                d.reports(&*self.backend),
+            );
+            if err.is_busy() {
                 telemetry::contention();
-                Error::Busy {
-                    granted: d.positive,
-                    required: d.needed,
-                    nodes,
-                }
-            } else {
-                Error::QuorumUnreachable {
-                    phase: PhaseName::Acquire,
-                    granted: d.positive,
-                    required: d.needed,
-                    nodes,
-                }
-            });
+            }
+            return Err(err);
+        }
+        // A misconfiguration found while this attempt ran: none of its votes may count.
+        if let Err(e) = self.usable() {
+            phase.abandon();
+            return Err(e);
         }
         // Validity counts from before the first request: TTL − elapsed − drift.
         let elapsed = started.elapsed();
-        let Some(left) = engine::validity(ttl, elapsed, self.config.drift_factor)
-            .filter(|left| *left > self.config.min_validity)
-        else {
-            phase.abandon();
-            return Err(Error::ValidityExhausted {
-                phase: PhaseName::Acquire,
-                elapsed,
-                ttl,
-                drift,
-                min_validity: self.config.min_validity,
-            });
+        let left = match engine::validity_left(
+            PhaseName::Acquire,
+            ttl,
+            elapsed,
+            self.config.drift_factor,
+            self.config.min_validity,
+        ) {
+            Ok(left) => left,
+            Err(e) => {
+                phase.abandon();
+                return Err(e);
+            }
         };
         phase.keep();
-        let mut claims: Vec<Claim> = d
-            .stamps
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| {
-                s.map(|stamp_us| Claim {
-                    node: self.backend.name(i).clone(),
-                    stamp_us,
-                })
-            })
-            .collect();
+        let mut claims: Vec<Claim> = d.claims.into_iter().flatten().collect();
         claims.sort_by(|a, b| a.node.cmp(&b.node));
         Ok(Lock {
             resources: Arc::clone(resources),
             keys: Arc::clone(keys),
             token,
             ttl,
-            valid_until: started + elapsed + left,
+            valid_until: Deadline::after(started, elapsed + left),
             claims,
+            origin: Arc::clone(&self.origin),
         })
     }
 
@@ -284,10 +298,11 @@ impl<B: Backend> Core<B> {
     }
 
     pub(crate) async fn extend(&self, lock: &mut Lock) -> Result<(), Error> {
+        self.owns(&lock.origin)?;
+        self.usable()?;
         let span = tracing::debug_span!("redlock.extend", resources = ?&*lock.resources, token = %lock.token);
         async {
             let ttl = lock.ttl;
-            let drift = engine::drift(ttl, self.config.drift_factor);
             let started = Instant::now();
             let op = Arc::new(Op::Extend {
                 keys: Arc::clone(&lock.keys),
@@ -299,41 +314,28 @@ impl<B: Backend> Core<B> {
             telemetry::extend_done(d.success);
             if !d.success {
                 let refused = d.count(|o| matches!(o, NodeOutcome::Refused));
-                let nodes = d.reports(&*self.backend);
                 tracing::debug!(
                     granted = d.positive,
                     refused,
                     "extend failed; lock left as it was"
                 );
-                return Err(if refused > self.backend.len() - d.needed {
-                    Error::Lost {
-                        held: d.positive,
-                        required: d.needed,
-                        nodes,
-                    }
-                } else {
-                    Error::QuorumUnreachable {
-                        phase: PhaseName::Extend,
-                        granted: d.positive,
-                        required: d.needed,
-                        nodes,
-                    }
-                });
+                return Err(engine::missed(
+                    PhaseName::Extend,
+                    d.positive,
+                    refused,
+                    d.reports(&*self.backend),
+                ));
             }
             // The new validity counts from the extension's start, never from the old deadline.
             let elapsed = started.elapsed();
-            let Some(left) = engine::validity(ttl, elapsed, self.config.drift_factor)
-                .filter(|left| *left > self.config.min_validity)
-            else {
-                return Err(Error::ValidityExhausted {
-                    phase: PhaseName::Extend,
-                    elapsed,
-                    ttl,
-                    drift,
-                    min_validity: self.config.min_validity,
-                });
-            };
-            lock.valid_until = started + elapsed + left;
+            let left = engine::validity_left(
+                PhaseName::Extend,
+                ttl,
+                elapsed,
+                self.config.drift_factor,
+                self.config.min_validity,
+            )?;
+            lock.valid_until = Deadline::after(started, elapsed + left);
             Ok(())
         }
         .instrument(span)
@@ -341,6 +343,7 @@ impl<B: Backend> Core<B> {
     }
 
     pub(crate) async fn release(&self, lock: Lock) -> Result<ReleaseReport, Error> {
+        self.owns(&lock.origin)?;
         self.release_parts(&lock.resources, &lock.keys, &lock.token)
             .await
     }
@@ -607,7 +610,8 @@ impl Redlock {
     ///
     /// # Errors
     /// [`Error::QuorumUnreachable`] when too many nodes failed to answer; the keys there
-    /// expire with their TTL.
+    /// expire with their TTL. [`Error::ForeignLock`] for a lock taken by a client of other
+    /// nodes (see [`Redlock::owns`]): nothing is sent, and the keys expire with their TTL.
     ///
     /// # Cancel safety
     /// The deletes are sent by a background task; dropping the future does not stop them.
@@ -620,9 +624,24 @@ impl Redlock {
     /// [`Config::max_hold`] passes. Renewals of all guarded locks of this client are batched:
     /// one round trip per node per tick.
     ///
+    /// Renewals re-arm the lock's own TTL ([`Lock::ttl`]), whichever client of the same nodes
+    /// took it. The first renewal is scheduled from the lock's remaining validity: a lock
+    /// guarded late in its life is renewed at once.
+    ///
     /// Must be called inside a tokio runtime (the driver is a spawned task).
-    pub fn guard(&self, lock: Lock) -> LockGuard {
-        self.core.guard(lock)
+    ///
+    /// # Errors
+    /// [`Error::ForeignLock`] for a lock taken by a client of other nodes (see
+    /// [`Redlock::owns`]); the lock is not renewed and expires with its TTL.
+    pub fn guard(&self, lock: Lock) -> Result<LockGuard, Error> {
+        self.core.owns(&lock.origin)?;
+        Ok(self.core.guard(lock))
+    }
+
+    /// Whether `lock` was taken by a client of the same node list (same normalised addresses
+    /// and databases, in the same order) — the clients that may extend, guard or release it.
+    pub fn owns(&self, lock: &Lock) -> bool {
+        self.core.owns(&lock.origin).is_ok()
     }
 
     /// Acquires `resource` (retrying per policy), runs `work` with a [`Lease`] while the lock is
@@ -643,7 +662,7 @@ impl Redlock {
         Fut: Future<Output = T>,
     {
         let lock = self.acquire(resource).await?;
-        let guard = self.guard(lock);
+        let guard = self.core.guard(lock);
         let lease = guard.lease();
         let work = std::panic::AssertUnwindSafe(work(lease.clone())).catch_unwind();
         let outcome = tokio::select! {
@@ -665,15 +684,20 @@ impl Redlock {
         }
     }
 
-    /// Opens the connection to every node now instead of on first use. Returns each node's
-    /// result (`Granted` = connected).
+    /// Opens the connection to every node now instead of on first use, waiting up to the
+    /// connect timeout. Returns each node's result (`Granted` = connected). Requests never wait
+    /// for a connection longer than their node timeout (the opening goes on in the
+    /// background), so a process that must succeed on its very first request to distant nodes
+    /// should call this first. A node that turns out to be the same server as another one
+    /// reports [`NodeErrorKind::Identity`](crate::NodeErrorKind::Identity), and the client then
+    /// refuses every operation with [`Error::Config`].
     ///
     /// # Cancel safety
-    /// Safe; a connection being opened is simply abandoned.
+    /// Safe; the connections go on opening in the background.
     pub async fn connect(&self) -> Vec<NodeReport> {
         let timeout = self.core.config.connect_timeout;
         join_all(self.core.backend.nodes.iter().map(|n| async move {
-            let outcome = match tokio::time::timeout(timeout, n.connection()).await {
+            let outcome = match tokio::time::timeout(timeout, n.connect()).await {
                 Ok(Ok(_)) => NodeOutcome::Granted,
                 Ok(Err(e)) => NodeOutcome::Failed(e),
                 Err(_) => NodeOutcome::TimedOut,

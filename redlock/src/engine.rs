@@ -17,7 +17,8 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::backend::{Backend, Op, Reply};
-use crate::error::{NodeError, NodeOutcome, NodeReport, Phase as PhaseName};
+use crate::error::{Error, NodeError, NodeOutcome, NodeReport, Phase as PhaseName};
+use crate::lock::Claim;
 use crate::telemetry;
 
 /// Which answers count towards the phase's goal.
@@ -69,14 +70,66 @@ pub(crate) fn drift(ttl: Duration, drift_factor: f64) -> Duration {
     ttl.mul_f64(drift_factor) + Duration::from_millis(2)
 }
 
+/// The error of a phase that missed its goal — one rule for acquire, extend and renewal. More
+/// refusals than the nodes a quorum can spare mean another owner holds the key: `Busy` for an
+/// acquire, `Lost` for an extension. Otherwise too many nodes failed or timed out.
+pub(crate) fn missed(
+    phase: PhaseName,
+    positive: usize,
+    refused: usize,
+    nodes: Vec<NodeReport>,
+) -> Error {
+    let n = nodes.len();
+    let required = quorum(n);
+    match phase {
+        PhaseName::Acquire if refused > n - required => Error::Busy {
+            granted: positive,
+            required,
+            nodes,
+        },
+        PhaseName::Extend if refused > n - required => Error::Lost {
+            held: positive,
+            required,
+            nodes,
+        },
+        _ => Error::QuorumUnreachable {
+            phase,
+            granted: positive,
+            required,
+            nodes,
+        },
+    }
+}
+
+/// The validity a phase that reached its quorum leaves, counted from the phase's start on the
+/// given TTL — the TTL the nodes were actually sent — or `ValidityExhausted` when it is not
+/// above `min_validity`. One rule for acquire, extend and renewal.
+pub(crate) fn validity_left(
+    phase: PhaseName,
+    ttl: Duration,
+    elapsed: Duration,
+    drift_factor: f64,
+    min_validity: Duration,
+) -> Result<Duration, Error> {
+    validity(ttl, elapsed, drift_factor)
+        .filter(|left| *left > min_validity)
+        .ok_or(Error::ValidityExhausted {
+            phase,
+            elapsed,
+            ttl,
+            drift: drift(ttl, drift_factor),
+            min_validity,
+        })
+}
+
 /// What the caller learns when the phase is decided.
 #[derive(Debug)]
 pub(crate) struct Decision {
     pub(crate) success: bool,
     /// Answers so far; nodes still in flight are `Pending`.
     pub(crate) outcomes: Vec<NodeOutcome>,
-    /// Claim stamps of the nodes that granted (acquire only).
-    pub(crate) stamps: Vec<Option<u64>>,
+    /// Claims of the nodes that granted (stamped acquires only).
+    pub(crate) claims: Vec<Option<Claim>>,
     /// Nodes that counted towards the goal.
     pub(crate) positive: usize,
     pub(crate) needed: usize,
@@ -101,7 +154,7 @@ impl Decision {
 
 struct State {
     outcomes: Vec<NodeOutcome>,
-    stamps: Vec<Option<u64>>,
+    claims: Vec<Option<Claim>>,
     positive: usize,
     pending: usize,
     needed: usize,
@@ -114,14 +167,14 @@ struct State {
 impl State {
     /// Records node `i`'s answer; sends the decision the first time it is known. Returns whether
     /// the node now needs the cleanup request (attempt abandoned and the node may hold our key).
-    fn settle(&mut self, i: usize, outcome: NodeOutcome, stamp: Option<u64>) -> bool {
+    fn settle(&mut self, i: usize, outcome: NodeOutcome, claim: Option<Claim>) -> bool {
         let counts = match self.goal {
             Goal::Quorum => matches!(outcome, NodeOutcome::Granted),
             Goal::NoQuorumLeft => matches!(outcome, NodeOutcome::Granted | NodeOutcome::Refused),
         };
         self.positive += usize::from(counts);
         self.pending -= 1;
-        self.stamps[i] = stamp;
+        self.claims[i] = claim;
         self.outcomes[i] = outcome;
         if self.tx.is_some()
             && let Some(success) = verdict(self.positive, self.pending, self.needed)
@@ -129,7 +182,7 @@ impl State {
             let decision = Decision {
                 success,
                 outcomes: self.outcomes.clone(),
-                stamps: self.stamps.clone(),
+                claims: self.claims.clone(),
                 positive: self.positive,
                 needed: self.needed,
             };
@@ -185,7 +238,7 @@ impl<B: Backend> Phase<B> {
         let (tx, rx) = oneshot::channel();
         let state = Arc::new(Mutex::new(State {
             outcomes: vec![NodeOutcome::Pending; n],
-            stamps: vec![None; n],
+            claims: vec![None; n],
             positive: 0,
             pending: n,
             needed: needed(goal, n),
@@ -234,7 +287,7 @@ impl<B: Backend> Phase<B> {
                 Decision {
                     success: false,
                     outcomes: st.outcomes.clone(),
-                    stamps: st.stamps.clone(),
+                    claims: st.claims.clone(),
                     positive: st.positive,
                     needed: st.needed,
                 }
@@ -276,16 +329,14 @@ impl<B: Backend> Drop for Phase<B> {
 /// client for longer than the node timeout. Bounded so a hung node cannot pin memory for long.
 pub(crate) const DELIVERY_GRACE: Duration = Duration::from_secs(1);
 
-type NodeCall = BoxFuture<'static, Result<Reply, NodeError>>;
-
 /// Polls a fresh request once, here in the caller's task, so that it is handed to the node's
 /// connection in program order: a release or cleanup issued after an acquire is queued behind
 /// it on every node, whatever order the driver later polls in. (Leaving the first poll to the
 /// driver let a later phase's request overtake an earlier one under load, and a release that
 /// overtakes its acquire leaves the key behind.) Exempt from tokio's cooperative budget so the
 /// poll cannot be refused for budget reasons.
-fn handed_over(call: NodeCall) -> NodeCall {
-    let mut call: NodeCall = Box::pin(tokio::task::unconstrained(call));
+pub(crate) fn handed_over<T: Send + 'static>(call: BoxFuture<'static, T>) -> BoxFuture<'static, T> {
+    let mut call: BoxFuture<'static, T> = Box::pin(tokio::task::unconstrained(call));
     match call
         .as_mut()
         .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
@@ -339,11 +390,11 @@ async fn drive<B: Backend>(
     };
     let mut timer = Box::pin(tokio::time::sleep_until(next_deadline(&settled)));
     loop {
-        let (i, outcome, stamp) = match future::select(calls.next(), timer.as_mut()).await {
+        let (i, outcome, claim) = match future::select(calls.next(), timer.as_mut()).await {
             Either::Left((None, _)) => break,
             Either::Left((Some((i, _)), _)) if settled[i] => continue, // a late answer
             Either::Left((Some((i, answer)), _)) => match answer {
-                Ok(Reply::Yes { stamp_us }) => (i, NodeOutcome::Granted, stamp_us),
+                Ok(Reply::Yes { claim }) => (i, NodeOutcome::Granted, claim),
                 Ok(Reply::No) => (i, NodeOutcome::Refused, None),
                 Err(e) => (i, NodeOutcome::Failed(e), None),
             },
@@ -371,7 +422,7 @@ async fn drive<B: Backend>(
             }
         };
         settled[i] = true;
-        record(&backend, &state, &cleanup, phase, i, outcome, stamp);
+        record(&backend, &state, &cleanup, phase, i, outcome, claim);
         if settled.iter().all(|s| *s) {
             timer.as_mut().reset(give_up);
         }
@@ -385,10 +436,10 @@ fn record<B: Backend>(
     phase: PhaseName,
     i: usize,
     outcome: NodeOutcome,
-    stamp: Option<u64>,
+    claim: Option<Claim>,
 ) {
     telemetry::node_outcome(backend.name(i), phase, &outcome);
-    let needs_cleanup = lock(state).settle(i, outcome, stamp);
+    let needs_cleanup = lock(state).settle(i, outcome, claim);
     if let (true, Some(op)) = (needs_cleanup, cleanup) {
         send_cleanup(backend, i, Arc::clone(op), phase);
     }

@@ -85,6 +85,9 @@ pub enum NodeErrorKind {
     /// The node refused to grant because it is in its restart quarantine (it lost its data,
     /// or is new, less than the configured quarantine ago).
     Quarantined,
+    /// The server's identity record is not what the client expects: it changed since the
+    /// connection was opened (the data was lost), or the same server is configured twice.
+    Identity,
 }
 
 impl NodeError {
@@ -209,9 +212,22 @@ pub enum Error {
     /// A resource name or list was rejected before anything was sent.
     #[error("invalid resource: {0}")]
     InvalidResource(#[from] ResourceError),
-    /// The configuration was rejected by `build()`.
+    /// The configuration was rejected by `build()`, or found unusable on connecting (the same
+    /// server behind two of the configured addresses).
     #[error("invalid configuration: {0}")]
     Config(#[from] ConfigError),
+    /// The lock was taken by a client of other nodes. A lock can only be extended, guarded or
+    /// released by a client of the same node list (same addresses and databases); it keeps its
+    /// own TTL whichever client renews it.
+    #[error(
+        "the lock was taken by a client of other nodes ({lock_nodes}); this client uses {client_nodes}"
+    )]
+    ForeignLock {
+        /// The node list of the client that took the lock.
+        lock_nodes: String,
+        /// The node list of this client.
+        client_nodes: String,
+    },
     /// The operating system's random source failed while generating a token.
     #[error("could not generate a lock token: {0}")]
     Entropy(getrandom::Error),
@@ -307,6 +323,24 @@ pub enum ConfigError {
         url: String,
         /// What is wrong with it.
         reason: String,
+    },
+    /// Two entries of the node list turned out, on connecting, to reach the same server (its
+    /// identity record is the same), e.g. `127.0.0.1:6379` and `localhost:6379`. The client
+    /// then refuses every operation: one server must not vote twice in a quorum.
+    #[error(
+        "nodes #{first} ({first_node}) and #{second} ({second_node}) reach the same server (identity {server}); Redlock needs independent masters"
+    )]
+    SameServer {
+        /// Earlier position.
+        first: usize,
+        /// Later position.
+        second: usize,
+        /// The earlier node's name.
+        first_node: String,
+        /// The later node's name.
+        second_node: String,
+        /// The server's identity.
+        server: String,
     },
     /// Two entries name the same server (same address, port and database).
     #[error(

@@ -4,21 +4,22 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
-use futures_util::future::join_all;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use rand::Rng;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Backend, Batch};
+use crate::backend::{Backend, Batch, BatchEntry, Op, Renewed};
 use crate::client::Core;
 use crate::engine;
-use crate::error::{Error, NodeOutcome, NodeReport, Phase};
-use crate::lock::{Claim, Lock};
+use crate::error::{Error, NodeError, NodeOutcome, NodeReport, Phase};
+use crate::lock::{Claim, Deadline, Lock};
 use crate::token::Token;
 
 /// Locks per batched renewal call; keeps one script call on a node short (~1–2 ms).
@@ -56,20 +57,41 @@ pub(crate) struct Held {
     pub(crate) keys: Arc<[String]>,
     pub(crate) token: Token,
     pub(crate) ttl: Duration,
+    /// How often this lock is renewed (from its own TTL).
+    every: Duration,
     claims: Vec<Claim>,
-    valid_until: Mutex<Instant>,
+    valid_until: Mutex<Deadline>,
     hold_until: Instant,
     lost: CancellationToken,
     reason: OnceLock<LostReason>,
-    done: AtomicBool,
+    /// Set when the guard is released or dropped. Held while a renewal hands over a repair,
+    /// so a repair is either sent before the release or not at all.
+    done: Mutex<bool>,
 }
 
 impl Held {
-    fn valid_until(&self) -> Instant {
+    fn valid_until(&self) -> Deadline {
         *self
             .valid_until
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn is_done(&self) -> bool {
+        *self.done.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the lease is lost: the signal fired, or the validity passed (also across a
+    /// suspend the driver has not noticed yet, which fires the signal now).
+    fn check_lost(&self) -> bool {
+        if self.lost.is_cancelled() {
+            return true;
+        }
+        if self.valid_until().passed() {
+            self.fire(LostReason::Expired);
+            return true;
+        }
+        false
     }
 
     /// Records the first reason and fires the signal (later reasons are ignored).
@@ -115,9 +137,10 @@ impl Lease {
         self.held.lost.child_token()
     }
 
-    /// Whether the signal has fired.
+    /// Whether the lock is lost: the signal fired, or the validity passed — checked here too,
+    /// so a lease never reports "held" past its deadline (e.g. right after a suspend).
     pub fn is_lost(&self) -> bool {
-        self.held.lost.is_cancelled()
+        self.held.check_lost()
     }
 
     /// The reason, once the signal has fired.
@@ -125,19 +148,18 @@ impl Lease {
         self.held.reason.get().cloned()
     }
 
-    /// Local validity deadline after the last successful extension.
+    /// Local validity deadline after the last successful extension (pulled in by time the
+    /// machine spent suspended, on Linux).
     pub fn valid_until(&self) -> std::time::Instant {
-        self.held.valid_until().into_std()
+        self.held.valid_until().instant().into_std()
     }
 
-    /// Validity left now; zero once lost.
+    /// Validity left now; zero once lost. On Linux, time the machine spent suspended counts.
     pub fn remaining(&self) -> Duration {
         if self.is_lost() {
             return Duration::ZERO;
         }
-        self.held
-            .valid_until()
-            .saturating_duration_since(Instant::now())
+        self.held.valid_until().remaining()
     }
 
     /// The lock's token (redacted in `Debug`).
@@ -240,7 +262,7 @@ pub(crate) trait Releaser: Send + Sync + 'static {
 
 impl<B: Backend> Releaser for Core<B> {
     fn finish(&self, held: &Arc<Held>) {
-        held.done.store(true, Ordering::SeqCst);
+        *held.done.lock().unwrap_or_else(PoisonError::into_inner) = true;
         self.renewals.remove(held.id);
         held.fire(LostReason::Released);
     }
@@ -281,41 +303,60 @@ impl Renewals {
     }
 }
 
-/// The renewal interval and the driver's tick for a configuration.
+/// How often a lock of `ttl` is renewed, and the driver's tick for it.
 fn cadence(ttl: Duration, renew_every: Option<Duration>) -> (Duration, Duration) {
-    let every = renew_every.unwrap_or(ttl / 3);
-    let tick = (every / 8).clamp(Duration::from_millis(5), Duration::from_secs(1));
-    (every, tick)
+    // A configured interval is the client's; a lock of a shorter TTL (taken by another client)
+    // is still renewed at least twice per TTL.
+    let every = renew_every.unwrap_or(ttl / 3).min(ttl / 2);
+    (every, tick(every))
 }
 
-/// When a lock renewed at `now` is next due: 0–20 % early, at random.
-fn next_due(now: Instant, every: Duration) -> Instant {
+/// The driver's tick when the shortest renewal interval of its locks is `every`.
+fn tick(every: Duration) -> Duration {
+    (every / 8).clamp(Duration::from_millis(5), Duration::from_secs(1))
+}
+
+/// When a lock valid until `valid_until` is next renewed: when its remaining validity has
+/// dropped to `ttl − every` (so a fresh lock is renewed about `every` after it was taken, and a
+/// lock with little validity left at once), 0–20 % of `every` early at random.
+fn due_at(valid_until: &Deadline, ttl: Duration, every: Duration, now: Instant) -> Instant {
     let early: f64 = rand::rng().random_range(0.0..0.2);
-    now + every.mul_f64(1.0 - early)
+    let lead = ttl.saturating_sub(every) + every.mul_f64(early);
+    let deadline = now + valid_until.remaining();
+    deadline.checked_sub(lead).map_or(now, |due| due.max(now))
+}
+
+/// After a renewal batch that reached no decision (too many nodes failed or were slow), the
+/// lock is tried again this soon, as long as validity remains.
+fn retry_gap(every: Duration, left: Duration) -> Duration {
+    (every / 4).min(left / 4).max(Duration::from_millis(5))
 }
 
 impl<B: Backend> Core<B> {
-    /// Turns a lock into a renewed guard, starting the renewal driver if needed.
+    /// Turns a lock into a renewed guard, starting the renewal driver if needed. The first
+    /// renewal is due from the lock's own validity and TTL.
     pub(crate) fn guard(self: &Arc<Self>, lock: Lock) -> LockGuard {
         let (every, _) = cadence(lock.ttl, self.config.renew_every);
         let now = Instant::now();
+        let due = due_at(&lock.valid_until, lock.ttl, every, now);
         let held = Arc::new(Held {
             id: self.renewals.next_id.fetch_add(1, Ordering::Relaxed),
             resources: lock.resources,
             keys: lock.keys,
             token: lock.token,
             ttl: lock.ttl,
+            every,
             claims: lock.claims,
             valid_until: Mutex::new(lock.valid_until),
             hold_until: now + self.config.max_hold,
             lost: CancellationToken::new(),
             reason: OnceLock::new(),
-            done: AtomicBool::new(false),
+            done: Mutex::new(false),
         });
         let start = {
             let mut st = self.renewals.lock();
             st.entries.insert(held.id, Arc::clone(&held));
-            st.due.push(Reverse((next_due(now, every), held.id)));
+            st.due.push(Reverse((due, held.id)));
             !std::mem::replace(&mut st.running, true)
         };
         if start {
@@ -339,38 +380,40 @@ async fn drive<B: Backend>(core: Weak<Core<B>>) {
     let epoch = Instant::now();
     loop {
         let Some(core) = core.upgrade() else { return };
-        let (every, tick) = cadence(core.config.ttl, core.config.renew_every);
         let now = Instant::now();
-        // Renewals run on tick boundaries only, each taking everything due before the tick
-        // ends (renewing up to one tick early, never late): however often the driver wakes,
-        // a node sees one batch per tick.
-        let ticks = (now - epoch).as_nanos() / tick.as_nanos().max(1) + 1;
-        let tick_end = epoch + tick * u32::try_from(ticks).unwrap_or(u32::MAX);
         let mut due = Vec::new();
         let wake_at = {
             let mut st = core.renewals.lock();
-            let mut wake_at = tick_end;
+            let mut wake_at = None::<Instant>;
+            let mut shortest = None::<Duration>;
             st.entries.retain(|_, held| {
-                if held.done.load(Ordering::SeqCst) {
+                if held.is_done() {
                     return false;
                 }
                 if now >= held.hold_until {
                     held.fire(LostReason::MaxHold);
                     return false;
                 }
-                let valid_until = held.valid_until();
-                if now >= valid_until {
-                    held.fire(LostReason::Expired);
+                if held.check_lost() {
                     return false;
                 }
-                wake_at = wake_at.min(valid_until).min(held.hold_until);
+                let valid_until = held.valid_until().instant();
+                let soonest = valid_until.min(held.hold_until);
+                wake_at = Some(wake_at.map_or(soonest, |w| w.min(soonest)));
+                shortest = Some(shortest.map_or(held.every, |s| s.min(held.every)));
                 true
             });
-            if st.entries.is_empty() {
+            let Some(shortest) = shortest else {
                 st.due.clear();
                 st.running = false;
                 return;
-            }
+            };
+            // Renewals run on tick boundaries only, each taking everything due before the tick
+            // ends (renewing up to one tick early, never late): however often the driver wakes,
+            // a node sees one batch per tick. The tick follows the shortest renewal interval.
+            let tick = tick(shortest);
+            let ticks = (now - epoch).as_nanos() / tick.as_nanos().max(1) + 1;
+            let tick_end = epoch + tick * u32::try_from(ticks).unwrap_or(u32::MAX);
             while let Some(Reverse((at, id))) = st.due.peek().copied() {
                 if at > tick_end {
                     break;
@@ -380,11 +423,11 @@ async fn drive<B: Backend>(core: Weak<Core<B>>) {
                     due.push(Arc::clone(held));
                 }
             }
-            wake_at
+            wake_at.map_or(tick_end, |w| w.min(tick_end))
         };
         if !due.is_empty() {
             let c = Arc::clone(&core);
-            tokio::spawn(async move { c.renew(due, every).await });
+            tokio::spawn(async move { c.renew(due).await });
         }
         let renewals = Arc::clone(&core.renewals);
         drop(core);
@@ -396,110 +439,191 @@ async fn drive<B: Backend>(core: Weak<Core<B>>) {
     }
 }
 
+/// What one node said about each lock of a batch.
+type BatchAnswer = Result<Result<Vec<Renewed>, NodeError>, tokio::time::error::Elapsed>;
+
 impl<B: Backend> Core<B> {
-    /// Extends `locks` with one call per node (per chunk) and reschedules or fires each.
-    async fn renew(self: Arc<Self>, locks: Vec<Arc<Held>>, every: Duration) {
+    /// Renews `locks` in batches of one call per node, each decided at quorum like an `extend`,
+    /// and reschedules, retries or fires each lock.
+    async fn renew(self: Arc<Self>, locks: Vec<Arc<Held>>) {
         for chunk in locks.chunks(BATCH_CHUNK) {
-            let started = Instant::now();
-            let batch = Arc::new(Batch {
-                ttl_ms: u64::try_from(self.config.ttl.as_millis()).unwrap_or(u64::MAX),
-                locks: chunk
-                    .iter()
-                    .map(|h| (Arc::clone(&h.keys), h.token.clone()))
-                    .collect(),
-            });
-            let n = self.backend.len();
-            // A batch is one script doing work for every lock in it, and the renewal starts
-            // with most of the validity left: allow it more than one request's node timeout
-            // (a tight bound turned a busy moment into lost locks), but never a quarter TTL.
-            let per_lock =
-                Duration::from_micros(20) * u32::try_from(chunk.len()).unwrap_or(u32::MAX);
-            let budget = |i: usize| {
-                (self.backend.budget(i) * 2 + per_lock)
-                    .min(self.config.ttl / 4)
-                    .max(self.backend.budget(i))
+            self.renew_batch(chunk).await;
+        }
+    }
+
+    async fn renew_batch(&self, chunk: &[Arc<Held>]) {
+        let started = Instant::now();
+        let batch = Arc::new(Batch {
+            locks: chunk
+                .iter()
+                .map(|h| BatchEntry {
+                    keys: Arc::clone(&h.keys),
+                    token: h.token.clone(),
+                    ttl_ms: u64::try_from(h.ttl.as_millis()).unwrap_or(u64::MAX),
+                })
+                .collect(),
+        });
+        let n = self.backend.len();
+        let quorum = engine::quorum(n);
+        let shortest_ttl = chunk.iter().map(|h| h.ttl).min().unwrap_or(self.config.ttl);
+        // A batch is one script doing work for every lock in it: allow it more than one
+        // request's node timeout (a tight bound turned a busy moment into lost locks), but
+        // never a quarter of the shortest TTL. A node still being connected gets no more, and
+        // the batch is decided at quorum: a hung or connecting minority is not waited for.
+        let per_lock = Duration::from_micros(20) * u32::try_from(chunk.len()).unwrap_or(u32::MAX);
+        let node_timeout = self.config.node_timeout;
+        let mut calls: FuturesUnordered<_> = (0..n)
+            .map(|i| {
+                let budget = (node_timeout * 2 + per_lock)
+                    .min(shortest_ttl / 4)
+                    .max(node_timeout);
+                let call = engine::handed_over(self.backend.extend_many(i, Arc::clone(&batch)));
+                async move { (i, tokio::time::timeout(budget, call).await) }
+            })
+            .collect();
+        let m = chunk.len();
+        let mut outcomes = vec![vec![NodeOutcome::Pending; n]; m];
+        let mut missing: Vec<Vec<usize>> = vec![Vec::new(); m];
+        let mut yes = vec![0usize; m];
+        let mut decided: Vec<Option<(bool, Duration)>> = vec![None; m];
+        let mut undecided = m;
+        let mut pending = n;
+        // Decide each lock as soon as its quorum outcome is known; a hung or slow minority node
+        // is not waited for.
+        while undecided > 0 {
+            let Some((i, answer)) = calls.next().await else {
+                break;
             };
-            let answers = join_all((0..n).map(|i| {
-                let call = self.backend.extend_many(i, Arc::clone(&batch));
-                tokio::time::timeout(budget(i), call)
-            }))
-            .await;
-            let elapsed = started.elapsed();
-            let quorum = engine::quorum(n);
-            let now = Instant::now();
-            let mut rescheduled = Vec::new();
-            for (j, held) in chunk.iter().enumerate() {
-                let outcome = |i: usize| match &answers[i] {
-                    Ok(Ok(v)) if v.get(j) == Some(&true) => NodeOutcome::Granted,
-                    Ok(Ok(_)) => NodeOutcome::Refused,
+            pending -= 1;
+            let answer: &BatchAnswer = &answer;
+            for j in 0..m {
+                let outcome = match answer {
+                    Ok(Ok(v)) => match v.get(j) {
+                        Some(Renewed::Extended) => NodeOutcome::Granted,
+                        Some(Renewed::Missing) => {
+                            missing[j].push(i);
+                            NodeOutcome::Refused
+                        }
+                        _ => NodeOutcome::Refused,
+                    },
                     Ok(Err(e)) => NodeOutcome::Failed(e.clone()),
                     Err(_) => NodeOutcome::TimedOut,
                 };
-                let outcomes: Vec<NodeOutcome> = (0..n).map(outcome).collect();
-                let yes = outcomes
-                    .iter()
-                    .filter(|o| **o == NodeOutcome::Granted)
-                    .count();
-                let refused = outcomes
-                    .iter()
-                    .filter(|o| **o == NodeOutcome::Refused)
-                    .count();
-                crate::telemetry::extend_done(yes >= quorum);
-                if held.done.load(Ordering::SeqCst) {
-                    continue;
-                }
-                let validity = engine::validity(held.ttl, elapsed, self.config.drift_factor);
-                match validity {
-                    Some(left) if yes >= quorum && left > self.config.min_validity => {
-                        *held
-                            .valid_until
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner) = started + elapsed + left;
-                        rescheduled.push((next_due(now, every), held.id));
-                    }
-                    _ => {
-                        let nodes: Vec<NodeReport> = outcomes
-                            .into_iter()
-                            .enumerate()
-                            .map(|(i, outcome)| NodeReport {
-                                node: self.backend.name(i).clone(),
-                                outcome,
-                            })
-                            .collect();
-                        let error = if yes >= quorum {
-                            Error::ValidityExhausted {
-                                phase: Phase::Extend,
-                                elapsed,
-                                ttl: held.ttl,
-                                drift: engine::drift(held.ttl, self.config.drift_factor),
-                                min_validity: self.config.min_validity,
-                            }
-                        } else if refused > n - quorum {
-                            Error::Lost {
-                                held: yes,
-                                required: quorum,
-                                nodes,
-                            }
-                        } else {
-                            Error::QuorumUnreachable {
-                                phase: Phase::Extend,
-                                granted: yes,
-                                required: quorum,
-                                nodes,
-                            }
-                        };
-                        held.fire(LostReason::ExtendFailed(Box::new(error)));
-                        self.renewals.remove(held.id);
-                    }
-                }
-            }
-            let mut st = self.renewals.lock();
-            for (at, id) in rescheduled {
-                if st.entries.contains_key(&id) {
-                    st.due.push(Reverse((at, id)));
+                yes[j] += usize::from(outcome == NodeOutcome::Granted);
+                outcomes[j][i] = outcome;
+                if decided[j].is_none()
+                    && let Some(ok) = engine::verdict(yes[j], pending, quorum)
+                {
+                    decided[j] = Some((ok, started.elapsed()));
+                    undecided -= 1;
                 }
             }
         }
+        drop(calls);
+        let now = Instant::now();
+        let mut rescheduled = Vec::new();
+        for (j, held) in chunk.iter().enumerate() {
+            let (ok, elapsed) = decided[j].unwrap_or((false, started.elapsed()));
+            crate::telemetry::extend_done(ok);
+            if held.is_done() || held.lost.is_cancelled() {
+                continue;
+            }
+            let result = if ok {
+                engine::validity_left(
+                    Phase::Extend,
+                    held.ttl,
+                    elapsed,
+                    self.config.drift_factor,
+                    self.config.min_validity,
+                )
+            } else {
+                let refused = outcomes[j]
+                    .iter()
+                    .filter(|o| **o == NodeOutcome::Refused)
+                    .count();
+                let nodes: Vec<NodeReport> = outcomes[j]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, outcome)| NodeReport {
+                        node: self.backend.name(i).clone(),
+                        outcome: outcome.clone(),
+                    })
+                    .collect();
+                Err(engine::missed(Phase::Extend, yes[j], refused, nodes))
+            };
+            match result {
+                Ok(left) => {
+                    let deadline = Deadline::after(started, elapsed + left);
+                    *held
+                        .valid_until
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner) = deadline;
+                    rescheduled.push((due_at(&deadline, held.ttl, held.every, now), held.id));
+                    self.repair(held, &missing[j]);
+                }
+                // The key is held by another token on too many nodes: definitely lost.
+                Err(error @ Error::Lost { .. }) => {
+                    held.fire(LostReason::ExtendFailed(Box::new(error)));
+                    self.renewals.remove(held.id);
+                }
+                // Unknown (nodes failed or were slow): try again while validity remains; the
+                // driver fires `Expired` at the deadline if no renewal gets through by then.
+                Err(error) => {
+                    let left = held.valid_until().remaining();
+                    tracing::debug!(token = %held.token, %error, ?left, "renewal failed; retrying within the validity");
+                    rescheduled.push((now + retry_gap(held.every, left), held.id));
+                }
+            }
+        }
+        let mut st = self.renewals.lock();
+        for (at, id) in rescheduled {
+            if st.entries.contains_key(&id) {
+                st.due.push(Reverse((at, id)));
+            }
+        }
+        drop(st);
+        self.renewals.wake.notify_one();
+    }
+
+    /// Puts back the keys of a lock that nodes lost (found missing by a renewal that reached
+    /// its quorum): each such node gets an owner-checked `SET NX` of the lock's keys, as a
+    /// grant — refused when anyone else holds them, and not sent to a node in its restart
+    /// quarantine. The lock regains the redundancy a restart took.
+    fn repair(&self, held: &Arc<Held>, nodes: &[usize]) {
+        if nodes.is_empty() {
+            return;
+        }
+        let op = Arc::new(Op::Acquire {
+            stamped: false,
+            keys: Arc::clone(&held.keys),
+            token: held.token.clone(),
+            ttl_ms: u64::try_from(held.ttl.as_millis()).unwrap_or(u64::MAX),
+            rearm: true,
+        });
+        // Handed over under the `done` lock: a release is either sent after the repair, on the
+        // same connections (so it deletes what the repair set), or the repair is not sent.
+        let done = held.done.lock().unwrap_or_else(PoisonError::into_inner);
+        if *done {
+            return;
+        }
+        for &i in nodes {
+            let call = engine::handed_over(self.backend.call(i, Arc::clone(&op)));
+            let node = self.backend.name(i).clone();
+            let budget = self.config.node_timeout;
+            tokio::spawn(async move {
+                match tokio::time::timeout(budget + engine::DELIVERY_GRACE, call).await {
+                    Ok(Ok(crate::backend::Reply::Yes { .. })) => {
+                        tracing::debug!(%node, "renewal put back keys the node had lost");
+                    }
+                    Ok(Ok(_)) => {
+                        tracing::debug!(%node, "keys lost by the node are held by another owner there")
+                    }
+                    Ok(Err(e)) => tracing::debug!(%node, error = %e, "repair not done"),
+                    Err(_) => tracing::debug!(%node, "repair timed out"),
+                }
+            });
+        }
+        drop(done);
     }
 }
 
@@ -517,11 +641,27 @@ mod tests {
     }
 
     #[test]
-    fn renewals_are_scheduled_early_never_late() {
+    fn renewals_are_due_from_the_remaining_validity() {
         let now = Instant::now();
+        let ttl = Duration::from_secs(3);
+        let every = Duration::from_secs(1);
         for _ in 0..1000 {
-            let at = next_due(now, Duration::from_secs(1));
-            assert!(at > now + Duration::from_millis(799) && at <= now + Duration::from_secs(1));
+            // A fresh lock (all of its TTL left) is due about `every` from now, never late.
+            let fresh = Deadline::after(now, ttl);
+            let at = due_at(&fresh, ttl, every, now);
+            assert!(
+                at > now + Duration::from_millis(790) && at <= now + every,
+                "{at:?}"
+            );
+            // A lock with less than `ttl − every` left is due at once.
+            let late = Deadline::after(now, Duration::from_millis(700));
+            assert_eq!(due_at(&late, ttl, every, now), now);
         }
+    }
+
+    #[test]
+    fn a_lock_with_a_shorter_ttl_is_renewed_at_least_twice_per_ttl() {
+        let (every, _) = cadence(Duration::from_secs(1), Some(Duration::from_secs(5)));
+        assert_eq!(every, Duration::from_millis(500));
     }
 }

@@ -8,15 +8,103 @@ use tokio::time::Instant;
 use crate::error::{NodeOutcome, NodeReport};
 use crate::token::Token;
 
-/// One node's part of a grant: its name and the claim stamp it issued (µs, strictly increasing
-/// per node across all grants). The set of claims of a lock is its fencing token (DESIGN §5).
+/// One node's part of a grant: the server's identity and the claim stamp it issued (µs, strictly increasing
+/// per node across all grants). The set of claims of a lock is its fencing token
+/// (`docs/fencing.md`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct Claim {
-    /// The node's name.
+    /// The server's identity: a random id the server keeps in its identity record (created
+    /// once), the same whichever address or client reaches it.
     pub node: Arc<str>,
     /// The stamp the node's acquire script issued.
     pub stamp_us: u64,
+}
+
+/// A validity deadline kept on two clocks. Timers run on the monotonic clock, which stops
+/// while the machine is suspended — but Redis keys keep expiring then. On Linux the deadline is
+/// also kept on `CLOCK_BOOTTIME`, which counts suspended time, and validity is the smaller of
+/// the two: after a suspend, a lock reports the time actually left, usually none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Deadline {
+    mono: Instant,
+    boot: Option<Duration>,
+}
+
+impl Deadline {
+    /// `left` after `start` (a monotonic instant, usually in the past).
+    pub(crate) fn after(start: Instant, left: Duration) -> Self {
+        let mono = start + left;
+        let boot = boot_now().map(|b| b + mono.saturating_duration_since(Instant::now()));
+        Self { mono, boot }
+    }
+
+    /// Validity left now: the smaller of what the two clocks say.
+    pub(crate) fn remaining(&self) -> Duration {
+        let mono = self.mono.saturating_duration_since(Instant::now());
+        match (self.boot, boot_now()) {
+            (Some(deadline), Some(now)) => mono.min(deadline.saturating_sub(now)),
+            _ => mono,
+        }
+    }
+
+    /// Whether no validity is left.
+    pub(crate) fn passed(&self) -> bool {
+        self.remaining().is_zero()
+    }
+
+    /// The deadline as a monotonic instant, pulled in when a suspend ate into it (the two
+    /// clocks otherwise differ by nanoseconds, which must not make the deadline wobble).
+    pub(crate) fn instant(&self) -> Instant {
+        let now = Instant::now();
+        let mono_left = self.mono.saturating_duration_since(now);
+        let left = self.remaining();
+        if left + Duration::from_millis(1) < mono_left {
+            now + left
+        } else {
+            self.mono
+        }
+    }
+}
+
+/// Time since boot including suspended time (`CLOCK_BOOTTIME`), where the platform has it.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn boot_now() -> Option<Duration> {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).ok()?;
+    let now = Duration::new(
+        u64::try_from(t.tv_sec()).ok()?,
+        u32::try_from(t.tv_nsec()).ok()?,
+    );
+    #[cfg(test)]
+    let now = now + suspend::slept();
+    Some(now)
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn boot_now() -> Option<Duration> {
+    None
+}
+
+/// Simulated suspends for the unit tests: time that `CLOCK_BOOTTIME` counted while the
+/// monotonic clock stood still.
+#[cfg(test)]
+pub(crate) mod suspend {
+    use std::cell::Cell;
+    use std::time::Duration;
+
+    thread_local! {
+        // Per thread, so a simulated suspend cannot disturb tests running beside it.
+        static SLEPT: Cell<Duration> = const { Cell::new(Duration::ZERO) };
+    }
+
+    pub(crate) fn slept() -> Duration {
+        SLEPT.with(Cell::get)
+    }
+
+    /// Adds `d` of suspended time, as seen from this thread.
+    pub(crate) fn suspend(d: Duration) {
+        SLEPT.with(|s| s.set(s.get() + d));
+    }
 }
 
 /// A lock held on a quorum of nodes.
@@ -29,8 +117,10 @@ pub struct Lock {
     pub(crate) keys: Arc<[String]>,
     pub(crate) token: Token,
     pub(crate) ttl: Duration,
-    pub(crate) valid_until: Instant,
+    pub(crate) valid_until: Deadline,
     pub(crate) claims: Vec<Claim>,
+    /// The node list of the client that took it.
+    pub(crate) origin: Arc<str>,
 }
 
 impl std::fmt::Debug for Lock {
@@ -61,19 +151,21 @@ impl Lock {
     }
 
     /// The local deadline of the lock's validity: TTL − elapsed − drift after the last
-    /// successful acquire or extend, on the monotonic clock. Work must finish before it.
+    /// successful acquire or extend, on the monotonic clock — pulled in by any time the machine
+    /// spent suspended since (on Linux). Work must finish before it.
     pub fn valid_until(&self) -> std::time::Instant {
-        self.valid_until.into_std()
+        self.valid_until.instant().into_std()
     }
 
-    /// Validity left now (zero once it has passed).
+    /// Validity left now (zero once it has passed). On Linux, time the machine spent suspended
+    /// counts: the keys kept expiring meanwhile.
     pub fn remaining(&self) -> Duration {
-        self.valid_until.saturating_duration_since(Instant::now())
+        self.valid_until.remaining()
     }
 
     /// Whether validity is left.
     pub fn is_valid(&self) -> bool {
-        Instant::now() < self.valid_until
+        !self.valid_until.passed()
     }
 
     /// The granting quorum's `(node, stamp)` claims, sorted by node name.
@@ -82,7 +174,7 @@ impl Lock {
     }
 
     /// The lock's fencing token: the granting quorum's claims as a [`fencing::FenceToken`],
-    /// for the protected resource to check (DESIGN §5, `docs/fencing.md`).
+    /// for the protected resource to check (`docs/fencing.md`).
     ///
     /// `None` when the lock has no claims (`claim_stamps(false)`), or when they cannot form a
     /// token: more than [`fencing::MAX_CLAIMS`] nodes, or a node name that is empty or longer
@@ -134,5 +226,22 @@ impl ReleaseReport {
 
     fn count(&self, f: impl Fn(&NodeOutcome) -> bool) -> usize {
         self.nodes.iter().filter(|r| f(&r.outcome)).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_suspend_counts_against_validity() {
+        let start = Instant::now();
+        let d = Deadline::after(start, Duration::from_secs(10));
+        assert!(d.remaining() > Duration::from_secs(9));
+        // The machine sleeps 20 s: the monotonic clock stands still, the keys expire.
+        suspend::suspend(Duration::from_secs(20));
+        assert_eq!(d.remaining(), Duration::ZERO);
+        assert!(d.passed());
+        assert!(d.instant() <= Instant::now());
     }
 }

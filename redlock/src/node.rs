@@ -1,17 +1,25 @@
-//! Real Redis nodes: lazy multiplexed connections, preloaded scripts, `EVALSHA` with an `EVAL`
-//! fallback, and error messages scrubbed of secrets.
+//! Real Redis nodes: multiplexed connections opened in the background, a handshake that
+//! preloads the scripts and learns the server's identity (and, with the restart quarantine on,
+//! its uptime), requests handed over in program order, and error messages scrubbed of secrets.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use futures_util::future::BoxFuture;
+use futures_util::future::{self, BoxFuture};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
 
-use crate::backend::{Backend, Batch, Op, Reply};
-use crate::error::{NodeError, NodeErrorKind};
+use crate::backend::{Backend, Batch, Op, Renewed, Reply};
+use crate::engine;
+use crate::error::{ConfigError, NodeError, NodeErrorKind};
+use crate::lock::Claim;
 use crate::scripts::{self, LuaScript};
+use crate::token::Token;
 
 /// A parsed, validated node address.
 #[derive(Clone)]
@@ -124,21 +132,123 @@ pub(crate) fn scrub(text: &str, secrets: &[Option<&str>]) -> String {
 /// Requests that may wait in one connection's client-side queue.
 const REQUEST_QUEUE: usize = 1 << 16;
 
-/// One Redis master with a lazily created, shared multiplexed connection.
+/// What a connection's handshake learned, shared by every request sent on that connection.
+#[derive(Clone)]
+struct Live {
+    conn: MultiplexedConnection,
+    /// Which connection of this node this is; a failure only forgets its own connection.
+    generation: u64,
+    /// The server's identity record as read at connect (`<id>@<created ms>`); every scripted
+    /// acquire checks that the server still holds exactly this record.
+    record: Arc<str>,
+    /// The id part of the record: the node's name in claims and fence tokens.
+    id: Arc<str>,
+    /// While the node is in its restart quarantine it grants nothing.
+    quarantined_until: Option<Instant>,
+}
+
+/// The identities of one client's nodes. One server reached through two of the configured
+/// addresses would cast two votes in a quorum; the second of them to connect is refused, and
+/// the client reports the configuration error from then on.
+pub(crate) struct Identities {
+    names: Vec<Arc<str>>,
+    ids: Mutex<Vec<Option<Arc<str>>>>,
+    conflict: OnceLock<ConfigError>,
+}
+
+impl Identities {
+    pub(crate) fn new(names: Vec<Arc<str>>) -> Self {
+        let n = names.len();
+        Self {
+            names,
+            ids: Mutex::new(vec![None; n]),
+            conflict: OnceLock::new(),
+        }
+    }
+
+    /// Records that node `index` is the server `id`; fails when another node already is.
+    fn claim(&self, index: usize, id: &Arc<str>) -> Result<(), ConfigError> {
+        let mut ids = self.ids.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(other) = ids
+            .iter()
+            .enumerate()
+            .position(|(j, known)| j != index && known.as_deref() == Some(&**id))
+        {
+            let (first, second) = (other.min(index), other.max(index));
+            let err = ConfigError::SameServer {
+                first,
+                second,
+                first_node: self.names[first].to_string(),
+                second_node: self.names[second].to_string(),
+                server: id.to_string(),
+            };
+            let _ = self.conflict.set(err.clone());
+            return Err(err);
+        }
+        ids[index] = Some(Arc::clone(id));
+        Ok(())
+    }
+
+    pub(crate) fn conflict(&self) -> Option<ConfigError> {
+        self.conflict.get().cloned()
+    }
+}
+
+/// Where a node keeps its records, and how it treats restarts.
+#[derive(Debug, Clone)]
+pub(crate) struct NodeKeys {
+    /// The server's identity record.
+    pub(crate) identity: Arc<str>,
+    /// The claim-stamp counter.
+    pub(crate) stamp: Arc<str>,
+    /// Restart quarantine (`None` = off).
+    pub(crate) quarantine: Option<Duration>,
+}
+
+/// A request waiting for the connection: called once with it (or with the error that kept it
+/// from opening), in the order the requests were made.
+type Deferred = Box<dyn FnOnce(Result<Live, NodeError>) + Send>;
+
+/// The connection, or the requests waiting for it to open.
+#[derive(Default)]
+struct Slot {
+    live: Option<Live>,
+    /// Requests made while the connection was not open (or while earlier ones were still
+    /// being handed over): sent in this order once it is.
+    queue: VecDeque<Deferred>,
+    /// A background task is opening the connection (or handing the queue over).
+    opening: bool,
+}
+
+/// One Redis master. Its connection is opened in the background, once for all callers, and a
+/// request waits for it only within its own budget; requests are handed to the connection in
+/// the order they were made, also while it is being opened.
 pub(crate) struct RedisNode {
+    index: usize,
     name: Arc<str>,
     client: Client,
     password: Option<String>,
     config: AsyncConnectionConfig,
-    conn: Mutex<Option<MultiplexedConnection>>,
-    connecting: tokio::sync::Mutex<()>,
+    connect_timeout: Duration,
+    keys: NodeKeys,
+    identities: Arc<Identities>,
+    slot: Mutex<Slot>,
+    generation: AtomicU64,
+    reloading: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl RedisNode {
     pub(crate) fn new(
+        index: usize,
         spec: &NodeSpec,
         connect_timeout: Duration,
         tls_root_ca: Option<&[u8]>,
+        keys: NodeKeys,
+        identities: Arc<Identities>,
     ) -> Result<Self, String> {
         let password = spec.info.redis_settings().password().map(str::to_owned);
         let client = match (spec.tls, tls_root_ca) {
@@ -175,12 +285,17 @@ impl RedisNode {
             .set_response_timeout(None)
             .set_pipeline_buffer_size(REQUEST_QUEUE);
         Ok(Self {
+            index,
             name: spec.name.clone(),
             client,
             password,
             config,
-            conn: Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
+            connect_timeout,
+            keys,
+            identities,
+            slot: Mutex::default(),
+            generation: AtomicU64::new(0),
+            reloading: AtomicBool::new(false),
         })
     }
 
@@ -193,53 +308,235 @@ impl RedisNode {
         &self.client
     }
 
-    fn cached(&self) -> Option<MultiplexedConnection> {
-        self.conn
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+    /// Builds the request on the open connection. With the connection open and nobody waiting
+    /// before it, the request is created at once, and the caller's first poll hands it to the
+    /// connection. Otherwise it joins the queue of requests waiting for the connection, which
+    /// the task opening it hands over in order, in one pass, as soon as it is open — so a release
+    /// made after its acquire while the connection was being opened still reaches the node
+    /// after it. The caller waits for the connection only as long as it waits for the answer
+    /// (its node timeout); the opening goes on in the background, bounded by the connect
+    /// timeout.
+    fn with_live<T, F>(self: &Arc<Self>, request: F) -> BoxFuture<'static, Result<T, NodeError>>
+    where
+        T: Send + 'static,
+        F: FnOnce(Live) -> BoxFuture<'static, Result<T, NodeError>> + Send + 'static,
+    {
+        let mut slot = lock(&self.slot);
+        if slot.queue.is_empty()
+            && let Some(live) = &slot.live
+        {
+            let live = live.clone();
+            drop(slot);
+            return request(live);
+        }
+        let (tx, rx) = oneshot::channel();
+        slot.queue
+            .push_back(Box::new(move |conn: Result<Live, NodeError>| {
+                let call = match conn {
+                    Ok(live) => engine::handed_over(request(live)),
+                    Err(e) => future::ready(Err(e)).boxed(),
+                };
+                let _ = tx.send(call);
+            }));
+        let open = !std::mem::replace(&mut slot.opening, true);
+        drop(slot);
+        if open {
+            self.spawn_open();
+        }
+        async move {
+            match rx.await {
+                Ok(call) => call.await,
+                Err(_) => Err(NodeError::new(
+                    NodeErrorKind::Io,
+                    "the connection task ended before sending the request",
+                )),
+            }
+        }
+        .boxed()
     }
 
-    pub(crate) fn is_connected(&self) -> bool {
-        self.conn
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some()
+    /// Opens the connection in a background task, then hands the waiting requests over.
+    fn spawn_open(self: &Arc<Self>) {
+        let node = Arc::clone(self);
+        let open = async move {
+            let result = match tokio::time::timeout(node.connect_timeout, node.handshake()).await {
+                Ok(result) => result,
+                Err(_) => Err(NodeError::new(
+                    NodeErrorKind::Connect,
+                    format!(
+                        "no connection within the connect timeout ({:?})",
+                        node.connect_timeout
+                    ),
+                )),
+            };
+            // Requests keep queueing while earlier ones are handed over; the connection is
+            // published for direct use only once the queue is empty.
+            loop {
+                let waiting = {
+                    let mut slot = lock(&node.slot);
+                    if slot.queue.is_empty() {
+                        slot.live = result.as_ref().ok().cloned();
+                        slot.opening = false;
+                        return;
+                    }
+                    std::mem::take(&mut slot.queue)
+                };
+                for request in waiting {
+                    request(result.clone());
+                }
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn(open)),
+            Err(_) => {
+                let failed: Vec<Deferred> = {
+                    let mut slot = lock(&self.slot);
+                    slot.opening = false;
+                    slot.queue.drain(..).collect()
+                };
+                for request in failed {
+                    request(Err(NodeError::new(
+                        NodeErrorKind::Connect,
+                        "no tokio runtime to open the connection in",
+                    )));
+                }
+            }
+        }
     }
 
-    /// The shared connection, opened (once, for all concurrent callers) when missing.
-    pub(crate) async fn connection(&self) -> Result<MultiplexedConnection, NodeError> {
-        if let Some(c) = self.cached() {
-            return Ok(c);
-        }
-        let _one_at_a_time = self.connecting.lock().await;
-        if let Some(c) = self.cached() {
-            return Ok(c);
-        }
+    /// Whether the connection is open (requests are sent at once).
+    pub(crate) fn is_open(&self) -> bool {
+        lock(&self.slot).live.is_some()
+    }
+
+    /// Opens the connection now (if it is not open), waiting for the outcome.
+    pub(crate) async fn connect(self: &Arc<Self>) -> Result<(), NodeError> {
+        self.with_live(|_| future::ready(Ok(())).boxed()).await
+    }
+
+    /// Connects, preloads the scripts, reads (or creates) the server's identity record and,
+    /// with the restart quarantine on, the server's uptime.
+    async fn handshake(&self) -> Result<Live, NodeError> {
         let mut conn = self
             .client
             .get_multiplexed_async_connection_with_config(&self.config)
             .await
             .map_err(|e| self.node_error(&e, None))?;
-        let mut load = redis::pipe();
+        let fresh = Token::random()
+            .map_err(|e| NodeError::new(NodeErrorKind::Io, format!("no randomness: {e}")))?;
+        let mut pipe = redis::pipe();
         for s in scripts::all() {
-            load.cmd("SCRIPT").arg("LOAD").arg(s.source);
+            pipe.cmd("SCRIPT").arg("LOAD").arg(s.source).ignore();
         }
-        let _: Vec<String> = load
+        pipe.cmd("EVALSHA")
+            .arg(&scripts::IDENTITY.sha)
+            .arg(1)
+            .arg(&*self.keys.identity)
+            .arg(&fresh.expose()[..16]);
+        let answers: Vec<(String, String)> = pipe
             .query_async(&mut conn)
             .await
             .map_err(|e| self.node_error(&e, None))?;
-        *self.conn.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
-        tracing::debug!(node = %self.name, "connected");
-        Ok(conn)
+        let Some((record, now_ms)) = answers.into_iter().next() else {
+            return Err(NodeError::new(
+                NodeErrorKind::Server,
+                "no answer to the identity script",
+            ));
+        };
+        let (id, created_ms) = match record.split_once('@') {
+            Some((id, created)) => (id, created.parse::<u64>().ok()),
+            None => (record.as_str(), None),
+        };
+        if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(NodeError::new(
+                NodeErrorKind::Identity,
+                format!(
+                    "the server's identity record {} is not one this client writes",
+                    self.keys.identity
+                ),
+            ));
+        }
+        let id: Arc<str> = id.into();
+        let quarantined_until = match self.keys.quarantine {
+            None => None,
+            Some(q) => {
+                let info: String = redis::cmd("INFO")
+                    .arg("server")
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| {
+                        let mut err = self.node_error(&e, None);
+                        if err.kind() == NodeErrorKind::Auth {
+                            err = NodeError::new(
+                                NodeErrorKind::Auth,
+                                format!("the restart quarantine reads the server's uptime with INFO, which the user may not run (grant +info): {err}"),
+                            );
+                        }
+                        err
+                    })?;
+                let uptime = info_field(&info, "uptime_in_seconds")
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .ok_or_else(|| {
+                        NodeError::new(
+                            NodeErrorKind::Server,
+                            "INFO server has no uptime_in_seconds",
+                        )
+                    })?;
+                // Whole seconds round down, so the age is never overstated.
+                let mut age = Duration::from_secs(uptime);
+                if let (Some(created), Ok(now)) = (created_ms, now_ms.parse::<u64>()) {
+                    age = age.min(Duration::from_millis(now.saturating_sub(created)));
+                }
+                q.checked_sub(age).map(|left| Instant::now() + left)
+            }
+        };
+        self.identities
+            .claim(self.index, &id)
+            .map_err(|e| NodeError::new(NodeErrorKind::Identity, e.to_string()))?;
+        let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        tracing::debug!(node = %self.name, server = %id, quarantined_for = ?quarantined_until.map(|u| u.saturating_duration_since(Instant::now())), "connected");
+        Ok(Live {
+            conn,
+            generation,
+            record: record.into(),
+            id,
+            quarantined_until,
+        })
     }
 
-    /// Forgets a connection that failed, so the next call reconnects.
-    fn invalidate(&self) {
-        self.conn
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+    /// Forgets connection `generation` after it failed, so the next call reconnects.
+    fn invalidate(&self, generation: u64) {
+        let mut slot = lock(&self.slot);
+        if slot
+            .live
+            .as_ref()
+            .is_some_and(|l| l.generation == generation)
+        {
+            slot.live = None;
+        }
+    }
+
+    /// Loads the scripts again after a node lost its script cache (`SCRIPT FLUSH`). Runs in
+    /// the background, one reload at a time.
+    fn reload_scripts(self: &Arc<Self>, mut conn: MultiplexedConnection) {
+        if self.reloading.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let node = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut load = redis::pipe();
+            for s in scripts::all() {
+                load.cmd("SCRIPT").arg("LOAD").arg(s.source).ignore();
+            }
+            let done: redis::RedisResult<()> =
+                tokio::time::timeout(node.connect_timeout, load.query_async(&mut conn))
+                    .await
+                    .unwrap_or_else(|_| Ok(()));
+            if let Err(e) = done {
+                tracing::debug!(node = %node.name, error = %node.node_error(&e, None), "reloading scripts failed");
+            }
+            node.reloading.store(false, Ordering::SeqCst);
+        });
     }
 
     fn node_error(&self, e: &redis::RedisError, token: Option<&str>) -> NodeError {
@@ -259,31 +556,46 @@ impl RedisNode {
         )
     }
 
+    /// Converts a command error, dropping the connection when it is broken.
+    fn failed(&self, live: &Live, e: &redis::RedisError, token: &str) -> NodeError {
+        if e.is_unrecoverable_error() || e.is_connection_dropped() || e.is_io_error() {
+            self.invalidate(live.generation);
+        }
+        self.node_error(e, Some(token))
+    }
+
+    /// `EVALSHA`, and on `NOSCRIPT` an `EVAL` that also reloads the script. Only for scripts
+    /// that never create a key: the fallback is a second request, sent later than the first,
+    /// so it may run after requests that were made after it.
     async fn eval<T: redis::FromRedisValue>(
         &self,
+        live: &Live,
         script: &LuaScript,
         keys: &[&str],
         args: &[&str],
         token: &str,
     ) -> Result<T, NodeError> {
-        let mut conn = self.connection().await?;
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&script.sha).arg(keys.len()).arg(keys).arg(args);
-        let res: redis::RedisResult<T> = cmd.query_async(&mut conn).await;
+        let mut conn = live.conn.clone();
+        let res: redis::RedisResult<T> = evalsha(script, keys, args).query_async(&mut conn).await;
         let res = match res {
             Err(e) if e.code() == Some("NOSCRIPT") => {
-                // The node lost its script cache (restart, SCRIPT FLUSH): EVAL also reloads it.
                 let mut cmd = redis::cmd("EVAL");
                 cmd.arg(script.source).arg(keys.len()).arg(keys).arg(args);
                 cmd.query_async(&mut conn).await
             }
             other => other,
         };
-        res.map_err(|e| self.failed(&e, token))
+        res.map_err(|e| self.failed(live, &e, token))
     }
 
-    async fn set_nx(&self, key: &str, token: &str, ttl_ms: u64) -> Result<Reply, NodeError> {
-        let mut conn = self.connection().await?;
+    async fn set_nx(
+        &self,
+        live: &Live,
+        key: &str,
+        token: &str,
+        ttl_ms: u64,
+    ) -> Result<Reply, NodeError> {
+        let mut conn = live.conn.clone();
         let res: redis::RedisResult<Option<String>> = redis::cmd("SET")
             .arg(key)
             .arg(token)
@@ -293,57 +605,103 @@ impl RedisNode {
             .query_async(&mut conn)
             .await;
         match res {
-            Ok(Some(_)) => Ok(Reply::Yes { stamp_us: None }),
+            Ok(Some(_)) => Ok(Reply::Yes { claim: None }),
             Ok(None) => Ok(Reply::No),
-            Err(e) => Err(self.failed(&e, token)),
+            Err(e) => Err(self.failed(live, &e, token)),
         }
     }
 
-    /// Converts a command error, dropping the connection when it is broken.
-    fn failed(&self, e: &redis::RedisError, token: &str) -> NodeError {
-        if e.is_unrecoverable_error() || e.is_connection_dropped() || e.is_io_error() {
-            self.invalidate();
+    /// One acquire request on the open connection.
+    async fn acquire(
+        self: &Arc<Self>,
+        live: Live,
+        stamped: bool,
+        keys: &[String],
+        token: &Token,
+        ttl_ms: u64,
+        rearm: bool,
+    ) -> Result<Reply, NodeError> {
+        if let Some(until) = live.quarantined_until {
+            let now = Instant::now();
+            if now < until {
+                return Err(NodeError::new(
+                    NodeErrorKind::Quarantined,
+                    format!(
+                        "in restart quarantine: the server restarted (or lost its data) too recently to grant; it rejoins in {:?}",
+                        until - now
+                    ),
+                ));
+            }
         }
-        self.node_error(e, Some(token))
+        let t = token.expose();
+        if let ([key], false, false, None) = (keys, stamped, rearm, self.keys.quarantine) {
+            // A fresh random token cannot be on the node yet: plain SET NX PX.
+            return self.set_nx(&live, key, t, ttl_ms).await;
+        }
+        let ttl = ttl_ms.to_string();
+        let args = [t, ttl.as_str(), &*live.record];
+        let (script, mut all) = if stamped {
+            (
+                &*scripts::ACQUIRE,
+                vec![&*self.keys.identity, &*self.keys.stamp],
+            )
+        } else {
+            (&*scripts::ACQUIRE_UNSTAMPED, vec![&*self.keys.identity])
+        };
+        all.extend(keys.iter().map(String::as_str));
+        let mut conn = live.conn.clone();
+        let answer: i64 = match evalsha(script, &all, &args).query_async(&mut conn).await {
+            Ok(answer) => answer,
+            Err(e) if e.code() == Some("NOSCRIPT") => {
+                // Not executed. No late EVAL: it would run after anything sent meanwhile —
+                // possibly this very lock's release — and leave a key nobody owns. The vote
+                // is lost for this attempt only; the scripts are reloaded for the next.
+                self.reload_scripts(live.conn.clone());
+                return Err(NodeError::new(
+                    NodeErrorKind::Server,
+                    "NOSCRIPT: the node lost its script cache; not executed (reloading the scripts)",
+                ));
+            }
+            Err(e) => return Err(self.failed(&live, &e, t)),
+        };
+        match answer {
+            scripts::IDENTITY_CHANGED => {
+                self.invalidate(live.generation);
+                Err(NodeError::new(
+                    NodeErrorKind::Identity,
+                    "the server's identity record changed since the connection was opened (data loss or another server); nothing granted, reconnecting",
+                ))
+            }
+            n if n > 0 => Ok(Reply::Yes {
+                claim: (stamped && n > 0).then(|| Claim {
+                    node: Arc::clone(&live.id),
+                    stamp_us: n.unsigned_abs(),
+                }),
+            }),
+            _ => Ok(Reply::No),
+        }
     }
 
-    pub(crate) async fn run(&self, op: &Op) -> Result<Reply, NodeError> {
+    /// Sends `op`; see [`RedisNode::with_live`] for the order requests reach the node in.
+    pub(crate) fn run(
+        self: &Arc<Self>,
+        op: Arc<Op>,
+    ) -> BoxFuture<'static, Result<Reply, NodeError>> {
+        let node = Arc::clone(self);
+        self.with_live(move |live| async move { node.request(live, &op).await }.boxed())
+    }
+
+    async fn request(self: &Arc<Self>, live: Live, op: &Op) -> Result<Reply, NodeError> {
         match op {
             Op::Acquire {
-                stamp_key,
-                born_key,
-                quarantine_ms,
+                stamped,
                 keys,
                 token,
                 ttl_ms,
                 rearm,
             } => {
-                let ttl = ttl_ms.to_string();
-                let quarantine = quarantine_ms.to_string();
-                let t = token.expose();
-                let args = [t, ttl.as_str(), quarantine.as_str()];
-                let (script, mut all) = match stamp_key {
-                    Some(stamp_key) => (&*scripts::ACQUIRE, vec![&**born_key, &**stamp_key]),
-                    None => {
-                        if let ([key], false, 0) = (&keys[..], rearm, quarantine_ms) {
-                            // A fresh random token cannot be on the node yet: plain SET NX PX.
-                            return self.set_nx(key, t, *ttl_ms).await;
-                        }
-                        (&*scripts::ACQUIRE_UNSTAMPED, vec![&**born_key])
-                    }
-                };
-                all.extend(keys.iter().map(String::as_str));
-                let answer: i64 = self.eval(script, &all, &args, t).await?;
-                match answer {
-                    scripts::QUARANTINED => Err(NodeError::new(
-                        NodeErrorKind::Quarantined,
-                        "in restart quarantine: the node lost its data (or is new) too recently to grant",
-                    )),
-                    n if n > 0 => Ok(Reply::Yes {
-                        stamp_us: stamp_key.as_ref().and_then(|_| u64::try_from(n).ok()),
-                    }),
-                    _ => Ok(Reply::No),
-                }
+                self.acquire(live, *stamped, keys, token, *ttl_ms, *rearm)
+                    .await
             }
             Op::Extend {
                 keys,
@@ -353,9 +711,11 @@ impl RedisNode {
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
                 let ttl = ttl_ms.to_string();
                 let t = token.expose();
-                let n: i64 = self.eval(&scripts::EXTEND, &keys, &[t, &ttl], t).await?;
+                let n: i64 = self
+                    .eval(&live, &scripts::EXTEND, &keys, &[t, &ttl], t)
+                    .await?;
                 Ok(if n > 0 {
-                    Reply::Yes { stamp_us: None }
+                    Reply::Yes { claim: None }
                 } else {
                     Reply::No
                 })
@@ -370,9 +730,9 @@ impl RedisNode {
                 let mut args: Vec<&str> = Vec::with_capacity(channels.len() + 1);
                 args.push(t);
                 args.extend(channels.iter().map(String::as_str));
-                let n: i64 = self.eval(&scripts::RELEASE, &keys, &args, t).await?;
+                let n: i64 = self.eval(&live, &scripts::RELEASE, &keys, &args, t).await?;
                 Ok(if n > 0 {
-                    Reply::Yes { stamp_us: None }
+                    Reply::Yes { claim: None }
                 } else {
                     Reply::No
                 })
@@ -381,34 +741,72 @@ impl RedisNode {
     }
 
     /// One batched renewal call.
-    pub(crate) async fn extend_many(&self, batch: &Batch) -> Result<Vec<bool>, NodeError> {
-        let ttl = batch.ttl_ms.to_string();
-        let counts: Vec<String> = batch
+    pub(crate) fn extend_many(
+        self: &Arc<Self>,
+        batch: Arc<Batch>,
+    ) -> BoxFuture<'static, Result<Vec<Renewed>, NodeError>> {
+        let node = Arc::clone(self);
+        self.with_live(move |live| async move { node.extend_many_on(live, &batch).await }.boxed())
+    }
+
+    async fn extend_many_on(&self, live: Live, batch: &Batch) -> Result<Vec<Renewed>, NodeError> {
+        let numbers: Vec<(String, String)> = batch
             .locks
             .iter()
-            .map(|(k, _)| k.len().to_string())
+            .map(|l| (l.keys.len().to_string(), l.ttl_ms.to_string()))
             .collect();
         let mut keys: Vec<&str> = Vec::new();
-        let mut args: Vec<&str> = Vec::with_capacity(1 + 2 * batch.locks.len());
-        args.push(&ttl);
-        for ((lock_keys, token), count) in batch.locks.iter().zip(&counts) {
-            keys.extend(lock_keys.iter().map(String::as_str));
-            args.push(token.expose());
+        let mut args: Vec<&str> = Vec::with_capacity(3 * batch.locks.len());
+        for (lock, (count, ttl)) in batch.locks.iter().zip(&numbers) {
+            keys.extend(lock.keys.iter().map(String::as_str));
+            args.push(lock.token.expose());
             args.push(count);
+            args.push(ttl);
         }
         // Tokens of many locks are in flight here; none of them may reach an error message.
         let out: Vec<i64> = self
-            .eval(&scripts::EXTEND_MANY, &keys, &args, "")
+            .eval(&live, &scripts::EXTEND_MANY, &keys, &args, "")
             .await
             .map_err(|e| {
                 let mut msg = e.message().to_owned();
-                for (_, token) in &batch.locks {
-                    msg = scrub(&msg, &[Some(token.expose())]);
+                for lock in &batch.locks {
+                    msg = scrub(&msg, &[Some(lock.token.expose())]);
                 }
                 NodeError::new(e.kind(), msg)
             })?;
-        Ok(out.into_iter().map(|v| v == 1).collect())
+        Ok(out
+            .into_iter()
+            .map(|v| match v {
+                1 => Renewed::Extended,
+                2 => Renewed::Missing,
+                _ => Renewed::Refused,
+            })
+            .collect())
     }
+}
+
+fn evalsha(script: &LuaScript, keys: &[&str], args: &[&str]) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(&script.sha).arg(keys.len()).arg(keys).arg(args);
+    cmd
+}
+
+/// The value of `field` in an `INFO` reply.
+fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
+    info.lines().find_map(|line| {
+        line.strip_prefix(field)
+            .and_then(|rest| rest.strip_prefix(':'))
+            .map(str::trim)
+    })
+}
+
+/// How much longer than its node timeout a request may wait for a connection being opened:
+/// at most four node timeouts (and never more than the connect timeout), so a fresh process or
+/// a reconnect after a broken connection does not fail requests that a loopback or LAN
+/// handshake would serve, while a hung or unreachable node still costs at most
+/// 5 × `node_timeout` — 250 ms by default. Renewals never get it.
+pub(crate) fn connect_allowance(node_timeout: Duration, connect_timeout: Duration) -> Duration {
+    (node_timeout * 4).min(connect_timeout)
 }
 
 /// The production backend: N independent Redis masters.
@@ -416,6 +814,7 @@ pub(crate) struct RedisBackend {
     pub(crate) nodes: Vec<Arc<RedisNode>>,
     pub(crate) node_timeout: Duration,
     pub(crate) connect_timeout: Duration,
+    pub(crate) identities: Arc<Identities>,
 }
 
 impl Backend for RedisBackend {
@@ -428,25 +827,27 @@ impl Backend for RedisBackend {
     }
 
     fn budget(&self, i: usize) -> Duration {
-        if self.nodes[i].is_connected() {
+        if self.nodes[i].is_open() {
             self.node_timeout
         } else {
-            self.connect_timeout + self.node_timeout
+            self.node_timeout + connect_allowance(self.node_timeout, self.connect_timeout)
         }
     }
 
     fn call(&self, i: usize, op: Arc<Op>) -> BoxFuture<'static, Result<Reply, NodeError>> {
-        let node = Arc::clone(&self.nodes[i]);
-        async move { node.run(&op).await }.boxed()
+        self.nodes[i].run(op)
     }
 
     fn extend_many(
         &self,
         i: usize,
         batch: Arc<Batch>,
-    ) -> BoxFuture<'static, Result<Vec<bool>, NodeError>> {
-        let node = Arc::clone(&self.nodes[i]);
-        async move { node.extend_many(&batch).await }.boxed()
+    ) -> BoxFuture<'static, Result<Vec<Renewed>, NodeError>> {
+        self.nodes[i].extend_many(batch)
+    }
+
+    fn misconfigured(&self) -> Option<ConfigError> {
+        self.identities.conflict()
     }
 }
 

@@ -17,33 +17,42 @@ impl LuaScript {
     }
 }
 
-/// Returned by the acquire scripts when the node is in its restart quarantine.
-pub(crate) const QUARANTINED: i64 = -1;
+/// Returned by the acquire scripts when the node's identity record is not the one this
+/// connection was opened against (the data was lost, or another server answers).
+pub(crate) const IDENTITY_CHANGED: i64 = -2;
 
-/// The restart-quarantine check shared by both acquire scripts. `KEYS[1]` is the node's birth
-/// record, `ARGV[3]` the quarantine in ms (0 = off). A node without a birth record (new, or
-/// restarted without its data) writes one now and refuses grants until it is `ARGV[3]` old.
-const QUARANTINE_CHECK: &str = r"
-local q = tonumber(ARGV[3]) or 0
-if q > 0 then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local born = tonumber(redis.call('GET', KEYS[1]) or '')
-  if not born then
-    redis.call('SET', KEYS[1], string.format('%.0f', now))
-    return -1
-  end
-  if now - born < q then return -1 end
-end
+/// The identity check shared by both acquire scripts: `KEYS[1]` is the node's identity record,
+/// `ARGV[3]` the value it held when the connection was opened. Nothing is written otherwise.
+const IDENTITY_CHECK: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[3] then return -2 end
 ";
 
-/// `KEYS[1]` = birth record, `KEYS[2]` = the node's stamp key, `KEYS[3..]` = resource keys;
-/// `ARGV[1]` = token, `ARGV[2]` = TTL in ms, `ARGV[3]` = restart quarantine in ms (0 = off).
+/// Run once per new connection: `KEYS[1]` = the node's identity record, `ARGV[1]` = a fresh
+/// random id. Creates the record (`<id>@<server ms>`) when the server has none — a new server,
+/// or one that lost its data — and returns `{record, server time in ms}`. The record is the
+/// server's name in fence tokens and how the client recognises one server behind two URLs.
+pub(crate) static IDENTITY: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        r"
+local t = redis.call('TIME')
+local now = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+local v = redis.call('GET', KEYS[1])
+if not v then
+  v = ARGV[1] .. '@' .. now
+  redis.call('SET', KEYS[1], v)
+end
+return {v, now}
+",
+    )
+});
+
+/// `KEYS[1]` = identity record, `KEYS[2]` = the node's stamp key, `KEYS[3..]` = resource keys;
+/// `ARGV[1]` = token, `ARGV[2]` = TTL in ms, `ARGV[3]` = the identity record expected.
 ///
 /// Grants when every resource key is free or already holds *our* token (an idempotent re-arm
 /// after an unknown outcome), then issues the node's claim stamp
 /// `max(TIME in µs, last stamp + 1)` and returns it (always ≥ 1). Returns 0 when any key is
-/// held by another token, −1 in quarantine; nothing is written then.
+/// held by another token, −2 when the identity record changed; nothing is written then.
 ///
 /// Shaped for the common case, because server CPU is what limits throughput when several nodes
 /// share a machine: one resource is a single `SET NX PX` (the `GET` only runs on a refusal), and
@@ -53,7 +62,7 @@ end
 /// in exponent form and lose precision; values stay far below 2^53.
 pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
     let source = format!(
-        "{QUARANTINE_CHECK}{}",
+        "{IDENTITY_CHECK}{}",
         r"
 local token, ttl = ARGV[1], ARGV[2]
 if #KEYS == 3 then
@@ -83,13 +92,14 @@ return stamp
     LuaScript::new(source.leak())
 });
 
-/// The acquire script without claim stamps (`claim_stamps(false)`): `KEYS[1]` = birth record,
-/// `KEYS[2..]` = resource keys, same arguments; returns 1 on a grant or re-arm, 0 on a refusal,
-/// −1 in quarantine. Used for multi-resource locks, re-acquisition with a known token and
-/// quarantine; a single fresh resource otherwise uses plain `SET NX PX`.
+/// The acquire script without claim stamps (`claim_stamps(false)`): `KEYS[1]` = identity
+/// record, `KEYS[2..]` = resource keys, same arguments; returns 1 on a grant or re-arm, 0 on a
+/// refusal, −2 when the identity record changed. Used for multi-resource locks, re-acquisition
+/// with a known token and the restart quarantine; a single fresh resource otherwise uses plain
+/// `SET NX PX`.
 pub(crate) static ACQUIRE_UNSTAMPED: LazyLock<LuaScript> = LazyLock::new(|| {
     let source = format!(
-        "{QUARANTINE_CHECK}{}",
+        "{IDENTITY_CHECK}{}",
         r"
 local token = ARGV[1]
 for i = 2, #KEYS do
@@ -126,21 +136,30 @@ return 1
 });
 
 /// Batched renewal: many locks in one call. `KEYS` = the keys of every lock, concatenated;
-/// `ARGV[1]` = TTL in ms, then per lock its token and its number of keys. Each lock is extended
-/// like [`EXTEND`] (all its keys or none). Returns one 1/0 per lock.
+/// `ARGV` = per lock its token, its number of keys and its own TTL in ms.
+///
+/// Per lock: 1 = every key held our token and was re-armed, like [`EXTEND`]; 2 = no key is held
+/// by anyone else but some are *missing* (the node lost them) — the present ones were re-armed,
+/// and the caller may put the missing ones back once it knows it still holds a quorum;
+/// 0 = a key holds another token, nothing was changed. It never creates a key.
 pub(crate) static EXTEND_MANY: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         r"
-local ttl = ARGV[1]
 local out = {}
 local k = 1
-for i = 2, #ARGV, 2 do
-  local token, n = ARGV[i], tonumber(ARGV[i + 1])
+for i = 1, #ARGV, 3 do
+  local token, n, ttl = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
   local ok = 1
   for j = k, k + n - 1 do
-    if redis.call('GET', KEYS[j]) ~= token then ok = 0 break end
+    local v = redis.call('GET', KEYS[j])
+    if v == false then
+      ok = 2
+    elseif v ~= token then
+      ok = 0
+      break
+    end
   end
-  if ok == 1 then
+  if ok > 0 then
     for j = k, k + n - 1 do redis.call('PEXPIRE', KEYS[j], ttl) end
   end
   out[#out + 1] = ok
@@ -174,8 +193,9 @@ return n
 });
 
 /// Every script, in the order they are preloaded with `SCRIPT LOAD` on a new connection.
-pub(crate) fn all() -> [&'static LuaScript; 5] {
+pub(crate) fn all() -> [&'static LuaScript; 6] {
     [
+        &IDENTITY,
         &ACQUIRE,
         &ACQUIRE_UNSTAMPED,
         &EXTEND,

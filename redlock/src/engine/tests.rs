@@ -62,6 +62,8 @@ struct NodeData {
     acquires: usize,
     releases: usize,
     stamp: u64,
+    /// The server identity this node puts in its claims.
+    id: Arc<str>,
 }
 
 struct FakeBackend {
@@ -77,7 +79,14 @@ impl FakeBackend {
                 .map(|i| Arc::from(format!("fake{i}")))
                 .collect(),
             behaviour: behaviour.to_vec(),
-            data: (0..behaviour.len()).map(|_| Arc::default()).collect(),
+            data: (0..behaviour.len())
+                .map(|i| {
+                    Arc::new(Mutex::new(NodeData {
+                        id: Arc::from(format!("server{i}")),
+                        ..NodeData::default()
+                    }))
+                })
+                .collect(),
         }
     }
 
@@ -111,7 +120,10 @@ fn apply(d: &mut NodeData, op: &Op, refuse: bool) -> Reply {
             }
             d.stamp += 1;
             Reply::Yes {
-                stamp_us: Some(d.stamp),
+                claim: Some(crate::lock::Claim {
+                    node: Arc::clone(&d.id),
+                    stamp_us: d.stamp,
+                }),
             }
         }
         Op::Extend { keys, token, .. } => {
@@ -119,7 +131,7 @@ fn apply(d: &mut NodeData, op: &Op, refuse: bool) -> Reply {
                 .iter()
                 .all(|k| d.keys.get(k).map(String::as_str) == Some(token.expose()))
             {
-                Reply::Yes { stamp_us: None }
+                Reply::Yes { claim: None }
             } else {
                 Reply::No
             }
@@ -134,7 +146,7 @@ fn apply(d: &mut NodeData, op: &Op, refuse: bool) -> Reply {
                 }
             }
             if n > 0 {
-                Reply::Yes { stamp_us: None }
+                Reply::Yes { claim: None }
             } else {
                 Reply::No
             }
@@ -159,16 +171,23 @@ impl Backend for FakeBackend {
         &self,
         i: usize,
         batch: Arc<crate::backend::Batch>,
-    ) -> BoxFuture<'static, Result<Vec<bool>, NodeError>> {
+    ) -> BoxFuture<'static, Result<Vec<crate::backend::Renewed>, NodeError>> {
         let data = Arc::clone(&self.data[i]);
         async move {
             let d = data.lock().unwrap();
             Ok(batch
                 .locks
                 .iter()
-                .map(|(keys, token)| {
-                    keys.iter()
-                        .all(|k| d.keys.get(k).map(String::as_str) == Some(token.expose()))
+                .map(|lock| {
+                    let ours = lock
+                        .keys
+                        .iter()
+                        .all(|k| d.keys.get(k).map(String::as_str) == Some(lock.token.expose()));
+                    if ours {
+                        crate::backend::Renewed::Extended
+                    } else {
+                        crate::backend::Renewed::Refused
+                    }
                 })
                 .collect())
         }

@@ -1,0 +1,255 @@
+//! Regression tests for faults an adversarial audit found: each scenario broke a promise of the
+//! docs (two holders at once, a stale holder admitted, a minority fault costing a lease) on real
+//! redis-server processes.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::no_lock_keys_within;
+use fencing::MemoryFence;
+use redlock::{Error, Redlock, RetryPolicy};
+use redlock_testkit::{Cluster, DataOnRestart};
+
+fn builder(urls: Vec<String>, ttl: Duration) -> redlock::RedlockBuilder {
+    Redlock::builder()
+        .nodes(urls)
+        .ttl(ttl)
+        .node_timeout(Duration::from_millis(200))
+        .retry(
+            RetryPolicy::deadline(Duration::from_secs(10))
+                .with_delay(Duration::from_millis(20), Duration::from_millis(20)),
+        )
+}
+
+/// A lock taken by one client (TTL 30 s) and guarded by another client of the same nodes whose
+/// own TTL is 1.5 s: every renewal must re-arm the lock's own TTL, and the validity it reports
+/// must be the one the nodes were given. A runtime stalled for 2.5 s must not let a rival in
+/// while the lease still says "held".
+#[tokio::test(flavor = "current_thread")]
+async fn guard_renews_with_the_locks_own_ttl() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let taker = builder(cluster.urls(), Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let guarding = builder(cluster.urls(), Duration::from_millis(1500))
+        .renew_every(Duration::from_millis(400))
+        .build()
+        .unwrap();
+    let rival = builder(cluster.urls(), Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let lock = taker.acquire("foreign-ttl").await.unwrap();
+    let guard = guarding.guard(lock).unwrap();
+    // Let a few renewals happen, then stall the whole runtime (no renewal can run).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    std::thread::sleep(Duration::from_millis(2500));
+    let held = !guard.is_lost() && guard.remaining() > Duration::ZERO;
+    let rival_got_it = rival.try_acquire("foreign-ttl").await;
+    assert!(
+        !(held && rival_got_it.is_ok()),
+        "two holders: the lease says held with {:?} left while a rival acquired",
+        guard.remaining()
+    );
+    assert!(held, "a 30 s lock must survive a 2.5 s stall");
+    drop(rival_got_it);
+    guard.release().await.unwrap();
+}
+
+/// One server listed under two spellings must not cast two votes: the client refuses to use it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_server_twice_is_a_config_error() {
+    let cluster = Cluster::start(2).await.unwrap();
+    let p0 = cluster.node(0).port();
+    let p1 = cluster.node(1).port();
+    let rl = builder(
+        vec![
+            format!("redis://127.0.0.1:{p0}"),
+            format!("redis://localhost:{p0}"),
+            format!("redis://127.0.0.1:{p1}"),
+        ],
+        Duration::from_secs(5),
+    )
+    .build()
+    .unwrap();
+    let got = rl.try_acquire("two-names").await;
+    assert!(
+        matches!(got, Err(Error::Config(_))),
+        "expected a configuration error, got {got:?}"
+    );
+}
+
+/// Fence tokens name nodes by the server's identity, not by the URL's spelling: two clients of
+/// the same servers, one using `127.0.0.1` and one `localhost`, produce comparable tokens, so a
+/// stale holder's token is rejected after a newer grant was admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_tokens_name_servers_not_urls() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let by_ip: Vec<String> = cluster.urls();
+    let by_name: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .map(|n| format!("redis://localhost:{}", n.port()))
+        .collect();
+    let a = builder(by_ip, Duration::from_millis(300)).build().unwrap();
+    let b = builder(by_name, Duration::from_secs(5)).build().unwrap();
+    let fence = MemoryFence::new();
+
+    // A's earlier grant was admitted: the high water now names A's spelling of the nodes.
+    let g0 = a.acquire("fenced").await.unwrap();
+    fence.admit("fenced", &g0.fence().unwrap()).unwrap();
+    a.release(g0).await.unwrap();
+    // A takes the lock again, then stalls past its TTL without writing.
+    let g1 = a.acquire("fenced").await.unwrap();
+    let stale = g1.fence().unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // B takes the lock (a newer grant on the same servers) and writes.
+    let g2 = b.acquire("fenced").await.unwrap();
+    fence.admit("fenced", &g2.fence().unwrap()).unwrap();
+    // Claims list the quorum that granted; across both clients they name at most 3 servers.
+    let mut names: Vec<String> = g1
+        .claims()
+        .iter()
+        .chain(g2.claims())
+        .map(|c| c.node.to_string())
+        .collect();
+    names.sort();
+    names.dedup();
+    assert!(
+        names.len() <= 3,
+        "claims of the same 3 servers carry {} node names: {names:?}",
+        names.len()
+    );
+    // A wakes up and writes with its stale token: it must be refused.
+    let late = fence.admit("fenced", &stale);
+    assert!(
+        late.is_err(),
+        "a stale token was admitted after a newer grant"
+    );
+    drop(g1);
+    b.release(g2).await.unwrap();
+}
+
+/// A guarded lock must survive a minority node that accepts connections but never answers
+/// (paused before the client ever connected to it): renewal decides at quorum and does not
+/// wait on a connection being opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_does_not_wait_for_a_hung_minority_node() {
+    let cluster = Cluster::start(3).await.unwrap();
+    cluster.node(2).pause();
+    let rl = builder(cluster.urls(), Duration::from_secs(2))
+        .node_timeout(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let guard = rl
+        .guard(rl.acquire("hung-minority").await.unwrap())
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let lost = guard.is_lost();
+    let reason = guard.reason();
+    cluster.node(2).resume();
+    assert!(!lost, "lease lost with one hung minority node: {reason:?}");
+    guard.release().await.unwrap();
+}
+
+/// Guarding a lock late in its validity renews it at once instead of a third of a TTL later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_renews_at_once_when_validity_is_short() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = builder(cluster.urls(), Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let lock = rl.acquire("late-guard").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    let guard = rl.guard(lock).unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !guard.is_lost(),
+        "lease lost without a renewal: {:?}",
+        guard.reason()
+    );
+    assert!(guard.remaining() > Duration::from_millis(500));
+    guard.release().await.unwrap();
+}
+
+/// `SCRIPT FLUSH` on a node while many private locks cycle: the NOSCRIPT fallback must not let
+/// a release run before its own acquire, or keys outlive their released owners.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_keeps_release_behind_acquire() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = builder(cluster.urls(), Duration::from_secs(30))
+        .node_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let flusher = {
+        let node = cluster.node(0).connection().await.unwrap();
+        tokio::spawn(async move {
+            let mut node = node;
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(8) {
+                let _: Result<(), _> = redlock_testkit::redis::cmd("SCRIPT")
+                    .arg("FLUSH")
+                    .query_async(&mut node)
+                    .await;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    let tasks: Vec<_> = (0..32)
+        .map(|t| {
+            let rl = rl.clone();
+            tokio::spawn(async move {
+                for i in 0..150 {
+                    let resource = format!("flush-{t}-{i}");
+                    if let Ok(lock) = rl.try_acquire(&resource).await {
+                        let _ = rl.release(lock).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    flusher.abort();
+    let left = common::lock_keys(&cluster).await;
+    assert!(
+        no_lock_keys_within(&cluster, Duration::from_secs(3)).await,
+        "{} lock keys outlived their released owners, e.g. {:?}",
+        left.len(),
+        left.first()
+    );
+}
+
+/// After one node restarts empty the lock lives on a bare quorum; renewal puts the key back
+/// where nobody else holds it, so a second restart of another node does not lose the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_repairs_a_node_that_lost_the_key() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = builder(cluster.urls(), Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let rival = builder(cluster.urls(), Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let guard = rl.guard(rl.acquire("repair").await.unwrap()).unwrap();
+    cluster.node(0).restart(DataOnRestart::Wipe).await.unwrap();
+    // Renewals (every ~667 ms) put the key back on node 0.
+    let repaired = common::eventually(Duration::from_secs(3), || async {
+        common::get(&cluster, 0, "redlock:lock:repair")
+            .await
+            .is_some()
+    })
+    .await;
+    assert!(repaired, "renewal did not put the lost key back on node 0");
+    cluster.node(1).restart(DataOnRestart::Wipe).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let rival_got_it = rival.try_acquire("repair").await.is_ok();
+    assert!(!rival_got_it, "a rival acquired while the lease was held");
+    assert!(
+        !guard.is_lost(),
+        "lease lost after two single-node restarts: {:?}",
+        guard.reason()
+    );
+    guard.release().await.unwrap();
+}
