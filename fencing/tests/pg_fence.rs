@@ -609,3 +609,55 @@ async fn create_schema_replaces_an_older_admission_function() {
         HighWater::from_entries([("a", 10)])
     );
 }
+
+/// The query `docs/fencing.md` gives for finding rows the earlier, unchecked admission function
+/// may have damaged.
+fn documented_damage_query() -> &'static str {
+    let doc = include_str!("../../docs/fencing.md");
+    let after = doc
+        .split_once("look for rows it may have damaged:")
+        .expect("docs/fencing.md lost the upgrade section")
+        .1;
+    let block = after.split_once("```sql").unwrap().1;
+    block.split_once("```").unwrap().0.trim()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn documented_query_finds_rows_damaged_by_unchecked_admissions() {
+    let pg = server().await;
+    let client = pg.connect().await.unwrap();
+    PgFence::new().create_schema(&client).await.unwrap();
+    // What the earlier function could store (the table's own check only compares lengths).
+    let long = "x".repeat(129);
+    client
+        .batch_execute(&format!(
+            "INSERT INTO fencing_high_water VALUES
+                 ('ok', '{{a,b}}', '{{10,20}}'),
+                 ('scalar', '{{\"\"}}', '{{7}}'),
+                 ('null_stamp', '{{a,b}}', '{{11,NULL}}'),
+                 ('null_node', '{{a,NULL}}', '{{11,11}}'),
+                 ('negative', '{{a,c}}', '{{11,-5}}'),
+                 ('empty_name', '{{a,\"\"}}', '{{11,11}}'),
+                 ('long_name', '{{a,{long}}}', '{{11,11}}')"
+        ))
+        .await
+        .unwrap();
+    let mut found: Vec<String> = client
+        .query(documented_damage_query(), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            "empty_name",
+            "long_name",
+            "negative",
+            "null_node",
+            "null_stamp"
+        ]
+    );
+}
