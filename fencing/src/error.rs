@@ -49,10 +49,11 @@ pub enum FenceError {
         /// The limit ([`MAX_CLAIMS`](crate::MAX_CLAIMS)).
         max: usize,
     },
-    /// The text form does not parse.
+    /// The text form does not parse; or a backend's admission function rejected its node and
+    /// stamp lists as malformed (lists of different lengths, a NULL or negative stamp, …).
     #[error("malformed fence token at byte {position}: {reason}")]
     MalformedToken {
-        /// Byte offset in the input.
+        /// Byte offset in the input text (0 for lists rejected by a backend).
         position: usize,
         /// What was wrong there.
         reason: &'static str,
@@ -89,13 +90,20 @@ pub enum FenceError {
         reason: String,
     },
     /// Redis failed (connection, script error). The outcome of the admission is unknown.
+    ///
+    /// Converting a [`redis::RedisError`] with `From` gives the malformed-input variants instead
+    /// when it is the admission script's `FENCEMALFORMED` error reply.
     #[cfg(feature = "redis")]
     #[error("redis: {0}")]
-    Redis(#[from] redis::RedisError),
+    Redis(#[source] redis::RedisError),
     /// PostgreSQL failed. The caller's transaction is usually aborted and must be rolled back.
+    ///
+    /// Converting a [`tokio_postgres::Error`] with `From` gives the malformed-input variants
+    /// instead when it is the admission function's SQLSTATE `FN003` (the transaction is aborted
+    /// then too).
     #[cfg(feature = "postgres")]
     #[error("postgres: {0}")]
-    Postgres(#[from] tokio_postgres::Error),
+    Postgres(#[source] tokio_postgres::Error),
 }
 
 impl FenceError {
@@ -113,5 +121,140 @@ impl FenceError {
     /// opposed to bad input or a backend failure.
     pub fn is_rejection(&self) -> bool {
         self.is_stale() || self.is_unrelated()
+    }
+
+    /// True for bad token input, whether found by this crate (parsing, [`FenceToken::new`])
+    /// or by a backend's admission function given malformed node and stamp lists:
+    /// `EmptyToken`, `TokenTooLong`, `TooManyClaims`, `MalformedToken`, `InvalidNodeName`,
+    /// `StampOutOfRange`, `DuplicateNode`. Nothing was admitted or changed.
+    ///
+    /// [`FenceToken::new`]: crate::FenceToken::new
+    pub fn is_malformed(&self) -> bool {
+        matches!(
+            self,
+            FenceError::EmptyToken
+                | FenceError::TokenTooLong { .. }
+                | FenceError::TooManyClaims { .. }
+                | FenceError::MalformedToken { .. }
+                | FenceError::InvalidNodeName { .. }
+                | FenceError::StampOutOfRange { .. }
+                | FenceError::DuplicateNode { .. }
+        )
+    }
+}
+
+/// Prefix of the malformed-input messages of the Redis admission script and the PostgreSQL
+/// admission function.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+const MALFORMED_PREFIX: &str = "malformed fence token: ";
+
+/// Reason of the backends' error for lists of different lengths (or missing, or nested).
+#[cfg(any(feature = "redis", feature = "postgres"))]
+const LISTS_REASON: &str = "node and stamp lists are missing, not flat, or of different lengths";
+
+/// Reason of the backends' error for a stamp that is NULL, negative, not a canonical decimal
+/// or above `MAX_STAMP`.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+const STAMP_REASON: &str = "stamp is not an integer from 0 to 2^63 - 1";
+
+/// Maps the message of a backend's malformed-input error,
+/// `malformed fence token: [claim <i>: ]<reason>`, to the variant that
+/// [`FenceToken::new`](crate::FenceToken::new) gives for the same defect. The Redis script and
+/// the PostgreSQL function check the same things in the same order and word them alike.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub(crate) fn malformed_from_backend(message: &str) -> FenceError {
+    let reason = message.strip_prefix(MALFORMED_PREFIX).unwrap_or(message);
+    let reason = match reason
+        .strip_prefix("claim ")
+        .and_then(|r| r.split_once(": "))
+    {
+        Some((i, rest)) if !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()) => rest,
+        _ => reason,
+    };
+    match reason {
+        "no claims" => FenceError::EmptyToken,
+        "more than 32 claims" => FenceError::TooManyClaims {
+            max: crate::MAX_CLAIMS,
+        },
+        "NULL node name" => FenceError::InvalidNodeName {
+            reason: "NULL node name",
+        },
+        "empty node name in a token of several claims" => FenceError::InvalidNodeName {
+            reason: "empty node name",
+        },
+        "node name longer than 128 bytes" => FenceError::InvalidNodeName {
+            reason: "node name longer than MAX_NODE_NAME_LEN bytes",
+        },
+        STAMP_REASON => FenceError::MalformedToken {
+            position: 0,
+            reason: STAMP_REASON,
+        },
+        LISTS_REASON => FenceError::MalformedToken {
+            position: 0,
+            reason: LISTS_REASON,
+        },
+        other => match other.strip_prefix("node appears twice: ") {
+            Some(node) => FenceError::DuplicateNode {
+                node: node.to_owned(),
+            },
+            None => FenceError::MalformedToken {
+                position: 0,
+                reason: "rejected as malformed by the fence backend",
+            },
+        },
+    }
+}
+
+#[cfg(all(test, any(feature = "redis", feature = "postgres")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_messages_map_to_the_variants_of_the_same_defect() {
+        let m = |s: &str| malformed_from_backend(&format!("{MALFORMED_PREFIX}{s}"));
+        assert!(matches!(m("no claims"), FenceError::EmptyToken));
+        assert!(matches!(
+            m("more than 32 claims"),
+            FenceError::TooManyClaims { max: 32 }
+        ));
+        assert!(matches!(
+            m("claim 2: NULL node name"),
+            FenceError::InvalidNodeName {
+                reason: "NULL node name"
+            }
+        ));
+        assert!(matches!(
+            m("claim 12: empty node name in a token of several claims"),
+            FenceError::InvalidNodeName {
+                reason: "empty node name"
+            }
+        ));
+        assert!(matches!(
+            m("claim 1: node name longer than 128 bytes"),
+            FenceError::InvalidNodeName { .. }
+        ));
+        assert!(matches!(
+            m("claim 3: stamp is not an integer from 0 to 2^63 - 1"),
+            FenceError::MalformedToken {
+                reason: STAMP_REASON,
+                ..
+            }
+        ));
+        assert!(matches!(
+            m(LISTS_REASON),
+            FenceError::MalformedToken {
+                reason: LISTS_REASON,
+                ..
+            }
+        ));
+        // The name is everything after the marker, even when it contains the separator.
+        assert!(matches!(
+            m("claim 2: node appears twice: a: b"),
+            FenceError::DuplicateNode { ref node } if node == "a: b"
+        ));
+        // An unknown wording is still malformed input, never a panic or a success.
+        let e = m("claim x: something new");
+        assert!(e.is_malformed(), "{e:?}");
+        assert!(malformed_from_backend("").is_malformed());
     }
 }

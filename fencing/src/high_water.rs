@@ -1,4 +1,4 @@
-//! The admission rule of DESIGN §5 on a per-resource high-water map.
+//! The admission rule (`docs/fencing.md`, section 2) on a per-resource high-water map.
 
 use std::cmp::Ordering;
 use std::fmt;

@@ -1,4 +1,4 @@
-//! Fencing tokens and resource-side admission checks (DESIGN §5).
+//! Fencing tokens and resource-side admission checks.
 //!
 //! A lease cannot stop a paused holder; only the resource can, by rejecting writes that carry a
 //! token older than one it has already admitted. This crate provides:
@@ -13,9 +13,10 @@
 //!
 //! The rule, for a claim token `T` and the resource's high-water map `H`: admit iff
 //! `T[k] ≥ H[k]` for every node `k` in both, and — when `H` is not empty — `T` shares at least
-//! one node with `H`; on admission raise `H[k]` to `T[k]` for every `k` in `T`. A scalar token
-//! `s` is admitted iff `s ≥ last` (equal = the same grant retrying). See `docs/fencing.md` for
-//! why this is safe and exactly what it assumes.
+//! one node with `H`; on admission raise `H[k]` to `max(H[k], T[k])` for every `k` in `T`. A
+//! scalar token `s` is admitted iff `s ≥ last` (equal = the same grant retrying). Malformed
+//! input (see [`FenceError::is_malformed`]) is never admitted and changes nothing, in every
+//! backend. See `docs/fencing.md` for why this is safe and exactly what it assumes.
 //!
 //! ```
 //! use fencing::{Admission, FenceError, FenceToken, MemoryFence};

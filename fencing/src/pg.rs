@@ -3,9 +3,15 @@
 use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Transaction};
 
-use crate::error::FenceError;
+use crate::error::{FenceError, malformed_from_backend};
 use crate::high_water::{Admission, HighWater};
-use crate::token::{ScalarToken, TokenRef};
+use crate::token::{MAX_CLAIMS, MAX_NODE_NAME_LEN, ScalarToken, TokenRef};
+
+/// SQLSTATE of the admission function's malformed-input error.
+const MALFORMED_SQLSTATE: &str = "FN003";
+
+// The admission function spells these caps out.
+const _: () = assert!(MAX_CLAIMS == 32 && MAX_NODE_NAME_LEN == 128);
 
 /// Default table of [`PgFence`]; its admission function is `fencing_high_water_admit`.
 pub const DEFAULT_PG_TABLE: &str = "fencing_high_water";
@@ -82,11 +88,18 @@ impl PgFence {
     /// (verdict 1 advanced, 2 repeated, -1 stale, -2 unrelated) and
     /// `<table>_admit_or_raise(resource, nodes, stamps)`, which raises SQLSTATE `FN001`
     /// (stale) or `FN002` (unrelated) instead, for fencing from plain SQL.
+    ///
+    /// Both raise SQLSTATE `FN003` for malformed lists, which are never admitted and change
+    /// nothing: NULL lists, lists of different lengths or not one-dimensional from index 1,
+    /// no claims or more than [`MAX_CLAIMS`], a NULL node name, an empty name beside other
+    /// claims (the empty name alone is a scalar token), a name longer than
+    /// [`MAX_NODE_NAME_LEN`] bytes, a NULL or negative stamp, a node named twice.
     pub fn schema_sql(&self) -> String {
         SCHEMA_SQL.replace("{table}", &self.table)
     }
 
-    /// Creates the table and functions if they do not exist (replacing the functions).
+    /// Creates the table if it does not exist, and creates or replaces the functions: running
+    /// it again on an existing deployment installs the current admission function.
     ///
     /// # Errors
     ///
@@ -109,7 +122,9 @@ impl PgFence {
     /// [`FenceError::Stale`] / [`FenceError::Unrelated`] when rejected: nothing was changed,
     /// the transaction is still usable, and the caller should roll it back.
     /// [`FenceError::StampOutOfRange`], [`FenceError::Postgres`] (the transaction is then
-    /// aborted), [`FenceError::UnexpectedReply`] on schema drift.
+    /// aborted), [`FenceError::UnexpectedReply`] on schema drift. (A token from this crate is
+    /// always well-formed; should the function still reject it as malformed, the error is the
+    /// typed one of [`FenceError::is_malformed`] and the transaction is aborted.)
     ///
     /// # Cancel safety
     ///
@@ -185,6 +200,20 @@ impl PgFence {
         {
             None => Ok(HighWater::new()),
             Some(row) => high_water_from(row.try_get(0)?, row.try_get(1)?),
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for FenceError {
+    /// [`FenceError::Postgres`], except for the admission function's malformed-input error
+    /// (SQLSTATE `FN003`), which becomes the variant of the same defect
+    /// ([`FenceError::is_malformed`]).
+    fn from(err: tokio_postgres::Error) -> Self {
+        match err.as_db_error() {
+            Some(db) if db.code().code() == MALFORMED_SQLSTATE => {
+                malformed_from_backend(db.message())
+            }
+            _ => FenceError::Postgres(err),
         }
     }
 }
@@ -283,6 +312,10 @@ fn check_ident(name: &str) -> Result<(), FenceError> {
 
 /// `{table}` is replaced by the validated table name.
 ///
+/// The function first rejects malformed lists with SQLSTATE `FN003` and a message
+/// `malformed fence token: …` that [`malformed_from_backend`] maps to a typed error; its caps
+/// (32 claims, 128-byte names) are [`MAX_CLAIMS`] and [`MAX_NODE_NAME_LEN`].
+///
 /// The high water of a resource is one row, so that `FOR UPDATE` on it serialises concurrent
 /// admissions. Before the resource's first admission the `INSERT … ON CONFLICT DO NOTHING`
 /// makes the row exist (a concurrent inserter waits on the unique index until the
@@ -300,16 +333,49 @@ CREATE OR REPLACE FUNCTION {table}_admit(p_resource text, p_nodes text[], p_stam
 RETURNS TABLE (verdict smallint, hw_nodes text[], hw_stamps bigint[])
 LANGUAGE plpgsql AS $fn$
 DECLARE
+    n        int;
     h_nodes  text[];
     h_stamps bigint[];
     j        int;
     shared   boolean := false;
     same     boolean := true;
 BEGIN
-    IF cardinality(p_nodes) IS DISTINCT FROM cardinality(p_stamps) OR cardinality(p_nodes) = 0 THEN
-        RAISE EXCEPTION 'fence token needs as many stamps as nodes, and at least one'
-            USING ERRCODE = '22023';
+    -- Malformed input is rejected (SQLSTATE FN003) before the row is read or created: the
+    -- token caps of the Rust side, checked in the same order as the Redis script.
+    IF p_nodes IS NULL OR p_stamps IS NULL
+        OR cardinality(p_nodes) <> cardinality(p_stamps)
+        OR (cardinality(p_nodes) > 0 AND (
+            array_ndims(p_nodes) <> 1 OR array_ndims(p_stamps) <> 1
+            OR array_lower(p_nodes, 1) <> 1 OR array_lower(p_stamps, 1) <> 1)) THEN
+        RAISE EXCEPTION 'malformed fence token: node and stamp lists are missing, not flat, or of different lengths'
+            USING ERRCODE = 'FN003';
     END IF;
+    n := cardinality(p_nodes);
+    IF n = 0 THEN
+        RAISE EXCEPTION 'malformed fence token: no claims' USING ERRCODE = 'FN003';
+    ELSIF n > 32 THEN
+        RAISE EXCEPTION 'malformed fence token: more than 32 claims' USING ERRCODE = 'FN003';
+    END IF;
+    FOR i IN 1 .. n LOOP
+        IF p_nodes[i] IS NULL THEN
+            RAISE EXCEPTION 'malformed fence token: claim %: NULL node name', i
+                USING ERRCODE = 'FN003';
+        ELSIF p_nodes[i] = '' AND n > 1 THEN
+            -- The empty name is a scalar token's, and a scalar token has one claim.
+            RAISE EXCEPTION 'malformed fence token: claim %: empty node name in a token of several claims', i
+                USING ERRCODE = 'FN003';
+        ELSIF octet_length(p_nodes[i]) > 128 THEN
+            RAISE EXCEPTION 'malformed fence token: claim %: node name longer than 128 bytes', i
+                USING ERRCODE = 'FN003';
+        ELSIF p_stamps[i] IS NULL OR p_stamps[i] < 0 THEN
+            RAISE EXCEPTION 'malformed fence token: claim %: stamp is not an integer from 0 to 2^63 - 1', i
+                USING ERRCODE = 'FN003';
+        ELSIF array_position(p_nodes, p_nodes[i]) < i THEN
+            RAISE EXCEPTION 'malformed fence token: claim %: node appears twice: %', i, p_nodes[i]
+                USING ERRCODE = 'FN003';
+        END IF;
+    END LOOP;
+
     SELECT t.nodes, t.stamps INTO h_nodes, h_stamps
         FROM {table} t WHERE t.resource = p_resource FOR UPDATE;
     IF NOT FOUND THEN
@@ -319,7 +385,7 @@ BEGIN
             FROM {table} t WHERE t.resource = p_resource FOR UPDATE;
     END IF;
 
-    FOR i IN 1 .. cardinality(p_nodes) LOOP
+    FOR i IN 1 .. n LOOP
         j := array_position(h_nodes, p_nodes[i]);
         IF j IS NULL THEN
             same := false;
@@ -343,13 +409,14 @@ BEGIN
         RETURN;
     END IF;
 
-    FOR i IN 1 .. cardinality(p_nodes) LOOP
+    -- Marks only rise: each becomes the maximum of itself and the token's stamp.
+    FOR i IN 1 .. n LOOP
         j := array_position(h_nodes, p_nodes[i]);
         IF j IS NULL THEN
             h_nodes  := h_nodes  || p_nodes[i];
             h_stamps := h_stamps || p_stamps[i];
         ELSE
-            h_stamps[j] := p_stamps[i];
+            h_stamps[j] := GREATEST(h_stamps[j], p_stamps[i]);
         END IF;
     END LOOP;
     UPDATE {table} SET nodes = h_nodes, stamps = h_stamps WHERE resource = p_resource;

@@ -5,9 +5,9 @@ use std::sync::LazyLock;
 use redis::Script;
 use redis::aio::ConnectionLike;
 
-use crate::error::FenceError;
+use crate::error::{FenceError, malformed_from_backend};
 use crate::high_water::{Admission, HighWater};
-use crate::token::TokenRef;
+use crate::token::{MAX_CLAIMS, MAX_NODE_NAME_LEN, TokenRef};
 
 /// Default key prefix of [`RedisFence`]: high water at `fence:hw:<resource>` (a hash
 /// node → stamp), register values at `fence:val:<name>`.
@@ -21,31 +21,77 @@ pub const DEFAULT_REDIS_PREFIX: &str = "fence:";
 /// still done, so a retried write lands), -1 stale, -2 unrelated; `high_water` is the flat
 /// `HGETALL` on a rejection and empty otherwise. A rejection writes nothing.
 ///
+/// Malformed arguments are an error reply `FENCEMALFORMED malformed fence token: …` before
+/// anything is read or written, with the checks, order and wording of the PostgreSQL function
+/// (see `malformed_from_backend`): the argument count must match n, 1 ≤ n ≤ 32, names are at
+/// most 128 bytes and empty only in a single claim (a scalar token), stamps are canonical
+/// decimals from 0 to 2^63 − 1, no node twice.
+///
 /// Stamps are compared as canonical decimal strings (length first, then bytes), not as Lua
-/// numbers: those are doubles and would round stamps above 2^53.
+/// numbers: those are doubles and would round stamps above 2^53. That is why non-canonical
+/// stamps (`007`, `+7`, `7.0`) are rejected rather than compared.
 const ADMIT_SRC: &str = r"
+local MAX_STAMP = '9223372036854775807'
 local function below(a, b)
   if #a ~= #b then return #a < #b end
   return a < b
 end
+local function canonical(s)
+  if not string.find(s, '^[0-9]+$') then return false end
+  if #s > 1 and string.byte(s, 1) == 48 then return false end
+  return not below(MAX_STAMP, s)
+end
+local function malformed(reason, i)
+  if i then reason = 'claim ' .. i .. ': ' .. reason end
+  return redis.error_reply('FENCEMALFORMED malformed fence token: ' .. reason)
+end
+if #KEYS < 1 or #KEYS > 2 then
+  return redis.error_reply('ERR the fence admission script takes 1 or 2 keys')
+end
+local lists = 'node and stamp lists are missing, not flat, or of different lengths'
+if not ARGV[1] or not canonical(ARGV[1]) then return malformed(lists) end
 local n = tonumber(ARGV[1])
+local extra = 0
+if KEYS[2] then extra = 1 end
+if #ARGV ~= 2 * n + 1 + extra then return malformed(lists) end
+if n == 0 then return malformed('no claims') end
+if n > 32 then return malformed('more than 32 claims') end
+local seen = {}
+for i = 1, n do
+  local node, stamp = ARGV[2 * i], ARGV[2 * i + 1]
+  if node == '' and n > 1 then
+    return malformed('empty node name in a token of several claims', i)
+  elseif #node > 128 then
+    return malformed('node name longer than 128 bytes', i)
+  elseif not canonical(stamp) then
+    return malformed('stamp is not an integer from 0 to 2^63 - 1', i)
+  elseif seen[node] then
+    return malformed('node appears twice: ' .. node, i)
+  end
+  seen[node] = true
+end
+
 local shared, same = false, true
-for i = 0, n - 1 do
-  local mark = redis.call('HGET', KEYS[1], ARGV[2 + 2 * i])
+local raise = {}
+for i = 1, n do
+  local node, stamp = ARGV[2 * i], ARGV[2 * i + 1]
+  local mark = redis.call('HGET', KEYS[1], node)
   if mark then
     shared = true
-    local stamp = ARGV[3 + 2 * i]
     if below(stamp, mark) then return {-1, redis.call('HGETALL', KEYS[1])} end
-    if stamp ~= mark then same = false end
-  else
+  end
+  if mark ~= stamp then
     same = false
+    raise[#raise + 1] = node
+    raise[#raise + 1] = stamp
   end
 end
 if not shared and redis.call('EXISTS', KEYS[1]) == 1 then
   return {-2, redis.call('HGETALL', KEYS[1])}
 end
-if not same then
-  redis.call('HSET', KEYS[1], unpack(ARGV, 2, 2 * n + 1))
+-- Marks only rise: only nodes whose stamp is above their mark (or new) are written.
+if #raise > 0 then
+  redis.call('HSET', KEYS[1], unpack(raise))
 end
 if KEYS[2] then
   redis.call('SET', KEYS[2], ARGV[2 * n + 2])
@@ -53,6 +99,23 @@ end
 if same then return {2, {}} end
 return {1, {}}
 ";
+
+// The script spells these caps out.
+const _: () = assert!(MAX_CLAIMS == 32 && MAX_NODE_NAME_LEN == 128);
+
+/// The error code of the script's malformed-input error reply.
+const MALFORMED_CODE: &str = "FENCEMALFORMED";
+
+impl From<redis::RedisError> for FenceError {
+    /// [`FenceError::Redis`], except for the admission script's `FENCEMALFORMED` error reply,
+    /// which becomes the variant of the same defect ([`FenceError::is_malformed`]).
+    fn from(err: redis::RedisError) -> Self {
+        match err.detail() {
+            Some(detail) if err.code() == Some(MALFORMED_CODE) => malformed_from_backend(detail),
+            _ => FenceError::Redis(err),
+        }
+    }
+}
 
 static ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(ADMIT_SRC));
 
@@ -91,6 +154,20 @@ impl RedisFence {
         Self {
             prefix: prefix.into(),
         }
+    }
+
+    /// The Lua source of the admission script every call runs (with `EVALSHA`), for clients
+    /// in other languages that fence the same keys: `KEYS[1]` = the resource's high-water
+    /// hash ([`high_water_key`](Self::high_water_key)), optional `KEYS[2]` = the key to `SET`
+    /// when admitted ([`register_key`](Self::register_key)); `ARGV[1]` = the number of
+    /// claims `n`, `ARGV[2..2n+1]` = node, stamp pairs (stamps in canonical decimal), then,
+    /// with `KEYS[2]`, the value to set. Replies `{code, high_water}`: 1 advanced, 2 repeated,
+    /// -1 stale, -2 unrelated; `high_water` is the flat `HGETALL` on a rejection. Malformed
+    /// arguments get the error reply `FENCEMALFORMED malformed fence token: <reason>` and
+    /// change nothing; `FenceError::from` maps it to a typed error
+    /// ([`FenceError::is_malformed`]).
+    pub fn script_source() -> &'static str {
+        ADMIT_SRC
     }
 
     /// The hash holding `resource`'s high water.

@@ -30,7 +30,7 @@ pub const MAX_TOKEN_TEXT_LEN: usize =
 const VERSION: &str = "f1";
 
 /// A Redlock grant's fencing token: the set of `(node name, claim stamp)` pairs of the nodes
-/// that granted it (DESIGN §5).
+/// that granted it.
 ///
 /// Per node, stamps strictly increase across grants, so on any node two grants share, the
 /// later grant has the larger stamp. Invariants, checked by [`FenceToken::new`] and by parsing:

@@ -292,3 +292,372 @@ async fn sixteen_tasks_keep_the_high_water_consistent() {
     assert_eq!(stored, replay);
     assert_eq!(stored, HighWater::from_entries(max_per_node));
 }
+
+// ---------------------------------------------------------------------------------------------
+// The admission function called from plain SQL with raw arrays: malformed input is rejected
+// with SQLSTATE FN003 and never changes the stored high water.
+
+type PgError = redlock_testkit::tokio_postgres::Error;
+
+/// Calls `fencing_high_water_admit(resource, nodes, stamps)` in its own transaction, with the
+/// arrays given as PostgreSQL array literals (`None` = SQL NULL), and returns the verdict.
+async fn admit_raw(
+    client: &redlock_testkit::tokio_postgres::Client,
+    resource: &str,
+    nodes: Option<&str>,
+    stamps: Option<&str>,
+) -> Result<i16, PgError> {
+    let row = client
+        .query_one(
+            "SELECT verdict FROM fencing_high_water_admit($1, $2::text::text[], $3::text::bigint[])",
+            &[&resource, &nodes, &stamps],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// Asserts that `result` is the admission function's malformed-input error (SQLSTATE FN003),
+/// and returns it.
+fn expect_malformed(what: &str, result: Result<i16, PgError>) -> PgError {
+    match result {
+        Err(e) if e.code().map(|c| c.code()) == Some("FN003") => e,
+        Err(e) => panic!("{what}: expected SQLSTATE FN003 (malformed fence token), got {e:?}"),
+        Ok(v) => panic!("{what}: answered verdict {v} instead of rejecting malformed input"),
+    }
+}
+
+async fn schema_with_a_at_10() -> (PgServer, redlock_testkit::tokio_postgres::Client, PgFence) {
+    let pg = server().await;
+    let client = pg.connect().await.unwrap();
+    let fence = PgFence::new();
+    fence.create_schema(&client).await.unwrap();
+    assert_eq!(
+        admit_raw(&client, "r", Some("{a}"), Some("{10}"))
+            .await
+            .unwrap(),
+        1
+    );
+    (pg, client, fence)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_nodes_are_rejected_and_never_lower_the_high_water() {
+    let (_pg, client, fence) = schema_with_a_at_10().await;
+    let a10 = HighWater::from_entries([("a", 10)]);
+
+    // The same node twice, the larger stamp first: assigning claim by claim would end at 10
+    // after "admitting" 12, and {a:11} would then be admitted after a write stamped 12.
+    let res = admit_raw(&client, "r", Some("{a,a}"), Some("{12,10}")).await;
+    let after = fence.high_water(&client, "r").await.unwrap();
+    let err = expect_malformed(&format!("{{a,a}} {{12,10}} (high water now {after})"), res);
+    let message = err.as_db_error().map(|d| d.message().to_owned());
+    assert_eq!(
+        message.as_deref(),
+        Some("malformed fence token: claim 2: node appears twice: a")
+    );
+    assert_eq!(after, a10);
+    let err = expect_malformed(
+        "{a,a} {10,12}",
+        admit_raw(&client, "r", Some("{a,a}"), Some("{10,12}")).await,
+    );
+    assert!(
+        matches!(FenceError::from(err), FenceError::DuplicateNode { ref node } if node == "a"),
+        "duplicate nodes map to FenceError::DuplicateNode"
+    );
+    let err = client
+        .batch_execute("SELECT fencing_high_water_admit_or_raise('r', '{b,a,b}', '{1,12,2}')")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code().map(|c| c.code()), Some("FN003"), "{err}");
+    assert_eq!(fence.high_water(&client, "r").await.unwrap(), a10);
+
+    // The malformed calls changed nothing: a genuine later grant {a:11} is admitted, and the
+    // earlier {a:10} is then stale.
+    assert_eq!(
+        admit_raw(&client, "r", Some("{a}"), Some("{11}"))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        admit_raw(&client, "r", Some("{a}"), Some("{10}"))
+            .await
+            .unwrap(),
+        -1
+    );
+    assert_eq!(
+        fence.high_water(&client, "r").await.unwrap(),
+        HighWater::from_entries([("a", 11)])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn null_stamps_and_nodes_are_rejected_and_change_nothing() {
+    let (_pg, client, fence) = schema_with_a_at_10().await;
+    for (nodes, stamps) in [
+        (Some("{a}"), Some("{NULL}")),
+        (Some("{a,b}"), Some("{11,NULL}")),
+        (Some("{b,a}"), Some("{NULL,10}")),
+        (Some("{a,NULL}"), Some("{11,11}")),
+        (Some("{NULL}"), Some("{11}")),
+        (None, None),
+        (Some("{a}"), None),
+        (None, Some("{11}")),
+    ] {
+        let what = format!("nodes {nodes:?}, stamps {stamps:?}");
+        let res = admit_raw(&client, "r", nodes, stamps).await;
+        let row = client
+            .query_one(
+                "SELECT nodes::text, stamps::text FROM fencing_high_water WHERE resource = 'r'",
+                &[],
+            )
+            .await
+            .unwrap();
+        let stored = format!("{} {}", row.get::<_, String>(0), row.get::<_, String>(1));
+        expect_malformed(&format!("{what} (stored row now {stored})"), res);
+        assert_eq!(stored, "{a} {10}", "{what}");
+    }
+    assert_eq!(
+        fence.high_water(&client, "r").await.unwrap(),
+        HighWater::from_entries([("a", 10)])
+    );
+    // A NULL stamp on a fresh resource is not "the first token" either.
+    expect_malformed(
+        "NULL stamp on a fresh resource",
+        admit_raw(&client, "fresh", Some("{a}"), Some("{NULL}")).await,
+    );
+    assert!(fence.high_water(&client, "fresh").await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mismatched_or_misshapen_arrays_are_rejected_and_change_nothing() {
+    let (_pg, client, fence) = schema_with_a_at_10().await;
+    for (nodes, stamps) in [
+        ("{a,b}", "{11}"),
+        ("{a}", "{11,12}"),
+        ("{b}", "{}"),
+        ("{}", "{11}"),
+        // Same number of elements, but not one-dimensional or not starting at 1: element
+        // `[i]` of such an array is NULL or another claim's.
+        ("{{a,b}}", "{11,12}"),
+        ("{{a},{b}}", "{{11},{12}}"),
+        ("[0:0]={a}", "{11}"),
+        ("[2:3]={a,b}", "[2:3]={11,12}"),
+        ("{a,b}", "[0:1]={11,12}"),
+    ] {
+        let what = format!("nodes {nodes}, stamps {stamps}");
+        let res = admit_raw(&client, "r", Some(nodes), Some(stamps)).await;
+        let after = fence.high_water(&client, "r").await;
+        expect_malformed(&format!("{what} (high water now {after:?})"), res);
+        assert_eq!(
+            after.unwrap(),
+            HighWater::from_entries([("a", 10)]),
+            "{what}"
+        );
+    }
+}
+
+/// Which typed error a malformed input must map to.
+type IsVariant = fn(&FenceError) -> bool;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_caps_hold_for_raw_arrays_and_map_to_typed_errors() {
+    let (_pg, client, fence) = schema_with_a_at_10().await;
+    let list = |items: &[String]| format!("{{{}}}", items.join(","));
+    let names = |n: usize| (0..n).map(|i| format!("n{i}")).collect::<Vec<_>>();
+    let stamps = |n: usize| (0..n).map(|_| "11".to_owned()).collect::<Vec<_>>();
+    let with_a = |mut v: Vec<String>| {
+        v[0] = "a".to_owned();
+        v
+    };
+    let long = |bytes: usize| format!("\"{}\"", "x".repeat(bytes));
+    // 'é' is two bytes in UTF-8: the cap counts bytes, as the Rust side does.
+    let long_utf8 = |chars: usize| "é".repeat(chars);
+
+    let cases: Vec<(&str, String, String, IsVariant)> = vec![
+        ("no claims", "{}".into(), "{}".into(), |e| {
+            matches!(e, FenceError::EmptyToken)
+        }),
+        (
+            "33 claims",
+            list(&with_a(names(33))),
+            list(&stamps(33)),
+            |e| matches!(e, FenceError::TooManyClaims { max: 32 }),
+        ),
+        (
+            "129-byte name",
+            list(&["a".into(), long(129)]),
+            "{11,11}".into(),
+            |e| matches!(e, FenceError::InvalidNodeName { .. }),
+        ),
+        (
+            "130-byte UTF-8 name",
+            list(&["a".into(), long_utf8(65)]),
+            "{11,11}".into(),
+            |e| matches!(e, FenceError::InvalidNodeName { .. }),
+        ),
+        (
+            "empty name beside another claim",
+            "{a,\"\"}".into(),
+            "{11,11}".into(),
+            |e| matches!(e, FenceError::InvalidNodeName { .. }),
+        ),
+        ("negative stamp", "{a,b}".into(), "{11,-1}".into(), |e| {
+            matches!(e, FenceError::MalformedToken { .. })
+        }),
+        ("NULL stamp", "{a}".into(), "{NULL}".into(), |e| {
+            matches!(e, FenceError::MalformedToken { .. })
+        }),
+        ("NULL node", "{a,NULL}".into(), "{11,11}".into(), |e| {
+            matches!(e, FenceError::InvalidNodeName { .. })
+        }),
+        ("shape", "{a,b}".into(), "{11}".into(), |e| {
+            matches!(e, FenceError::MalformedToken { .. })
+        }),
+    ];
+    for (what, nodes, stamps, typed) in cases {
+        let res = admit_raw(&client, "r", Some(&nodes), Some(&stamps)).await;
+        let after = fence.high_water(&client, "r").await;
+        let err = expect_malformed(&format!("{what} (high water now {after:?})"), res);
+        assert_eq!(
+            after.unwrap(),
+            HighWater::from_entries([("a", 10)]),
+            "{what}"
+        );
+        let mapped = FenceError::from(err);
+        assert!(typed(&mapped), "{what}: mapped to {mapped:?}");
+    }
+
+    // The caps themselves are fine: 32 claims, a 128-byte name (64 two-byte characters), and
+    // the empty name alone (a scalar token; unrelated to this claims resource).
+    assert_eq!(
+        admit_raw(
+            &client,
+            "r",
+            Some(&list(&with_a(names(32)))),
+            Some(&list(&stamps(32)))
+        )
+        .await
+        .unwrap(),
+        1
+    );
+    let name128 = long_utf8(64);
+    assert_eq!(
+        admit_raw(
+            &client,
+            "r",
+            Some(&list(&["a".into(), name128.clone()])),
+            Some("{12,1}")
+        )
+        .await
+        .unwrap(),
+        1
+    );
+    assert_eq!(
+        admit_raw(&client, "r", Some("{\"\"}"), Some("{5}"))
+            .await
+            .unwrap(),
+        -2
+    );
+    let hw = fence.high_water(&client, "r").await.unwrap();
+    assert_eq!(
+        (hw.len(), hw.get("a"), hw.get(&name128)),
+        (33, Some(12), Some(1))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_schema_replaces_an_older_admission_function() {
+    let pg = server().await;
+    let client = pg.connect().await.unwrap();
+    let fence = PgFence::new();
+    // An existing deployment: the table with a row, and an admission function of the same
+    // signature that checks nothing (as lax as the one this replaces, or laxer).
+    client
+        .batch_execute(
+            "CREATE TABLE fencing_high_water (resource text PRIMARY KEY, nodes text[] NOT NULL,
+                 stamps bigint[] NOT NULL, CHECK (cardinality(nodes) = cardinality(stamps)));
+             INSERT INTO fencing_high_water VALUES ('r', '{a}', '{10}');
+             CREATE FUNCTION fencing_high_water_admit(p_resource text, p_nodes text[], p_stamps bigint[])
+             RETURNS TABLE (verdict smallint, hw_nodes text[], hw_stamps bigint[])
+             LANGUAGE sql AS $$ SELECT 1::smallint, p_nodes, p_stamps $$;",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        admit_raw(&client, "r", Some("{a,a}"), Some("{12,10}"))
+            .await
+            .unwrap(),
+        1,
+        "the stand-in admits anything"
+    );
+
+    // Re-running create_schema installs the current function and keeps the data.
+    fence.create_schema(&client).await.unwrap();
+    expect_malformed(
+        "after create_schema",
+        admit_raw(&client, "r", Some("{a,a}"), Some("{12,10}")).await,
+    );
+    assert_eq!(
+        admit_raw(&client, "r", Some("{a}"), Some("{9}"))
+            .await
+            .unwrap(),
+        -1
+    );
+    assert_eq!(
+        fence.high_water(&client, "r").await.unwrap(),
+        HighWater::from_entries([("a", 10)])
+    );
+}
+
+/// The query `docs/fencing.md` gives for finding rows the earlier, unchecked admission function
+/// may have damaged.
+fn documented_damage_query() -> &'static str {
+    let doc = include_str!("../../docs/fencing.md");
+    let after = doc
+        .split_once("look for rows it may have damaged:")
+        .expect("docs/fencing.md lost the upgrade section")
+        .1;
+    let block = after.split_once("```sql").unwrap().1;
+    block.split_once("```").unwrap().0.trim()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn documented_query_finds_rows_damaged_by_unchecked_admissions() {
+    let pg = server().await;
+    let client = pg.connect().await.unwrap();
+    PgFence::new().create_schema(&client).await.unwrap();
+    // What the earlier function could store (the table's own check only compares lengths).
+    let long = "x".repeat(129);
+    client
+        .batch_execute(&format!(
+            "INSERT INTO fencing_high_water VALUES
+                 ('ok', '{{a,b}}', '{{10,20}}'),
+                 ('scalar', '{{\"\"}}', '{{7}}'),
+                 ('null_stamp', '{{a,b}}', '{{11,NULL}}'),
+                 ('null_node', '{{a,NULL}}', '{{11,11}}'),
+                 ('negative', '{{a,c}}', '{{11,-5}}'),
+                 ('empty_name', '{{a,\"\"}}', '{{11,11}}'),
+                 ('long_name', '{{a,{long}}}', '{{11,11}}')"
+        ))
+        .await
+        .unwrap();
+    let mut found: Vec<String> = client
+        .query(documented_damage_query(), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            "empty_name",
+            "long_name",
+            "negative",
+            "null_node",
+            "null_stamp"
+        ]
+    );
+}

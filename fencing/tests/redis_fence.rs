@@ -120,3 +120,259 @@ async fn foreign_data_under_a_fence_key_is_reported() {
         Err(FenceError::Redis(_))
     ));
 }
+
+// ---------------------------------------------------------------------------------------------
+// The admission script called with raw arguments (as a client in another language would):
+// malformed input is an error reply `FENCEMALFORMED …` and changes nothing.
+
+type RawReply = Result<(i64, Vec<String>), redlock_testkit::redis::RedisError>;
+
+/// `EVAL` of the admission script on `hw:<resource>` (and `val:<resource>` when `value` is
+/// given) with `args` as they are.
+async fn eval_raw(
+    conn: &mut redlock_testkit::redis::aio::MultiplexedConnection,
+    resource: &str,
+    args: &[&str],
+    value: Option<&str>,
+) -> RawReply {
+    let fence = RedisFence::new();
+    let mut cmd = redlock_testkit::redis::cmd("EVAL");
+    cmd.arg(RedisFence::script_source());
+    match value {
+        Some(v) => cmd
+            .arg(2)
+            .arg(fence.high_water_key(resource))
+            .arg(fence.register_key(resource))
+            .arg(args)
+            .arg(v),
+        None => cmd.arg(1).arg(fence.high_water_key(resource)).arg(args),
+    };
+    cmd.query_async(conn).await
+}
+
+fn expect_malformed(what: &str, reply: RawReply) -> redlock_testkit::redis::RedisError {
+    match reply {
+        Err(e) if e.code() == Some("FENCEMALFORMED") => e,
+        Err(e) => panic!("{what}: expected a FENCEMALFORMED error reply, got {e:?}"),
+        Ok(r) => panic!("{what}: answered {r:?} instead of rejecting malformed input"),
+    }
+}
+
+async fn a_at_10() -> (Cluster, redlock_testkit::redis::aio::MultiplexedConnection) {
+    let cluster = Cluster::start(1).await.unwrap();
+    let mut conn = cluster.node(0).connection().await.unwrap();
+    assert_eq!(
+        eval_raw(&mut conn, "r", &["1", "a", "10"], Some("v10"))
+            .await
+            .unwrap()
+            .0,
+        1
+    );
+    (cluster, conn)
+}
+
+/// The resource's high water and register value are still those of `{a:10}`.
+async fn assert_unchanged(
+    conn: &mut redlock_testkit::redis::aio::MultiplexedConnection,
+    what: &str,
+) {
+    let fence = RedisFence::new();
+    assert_eq!(
+        fence.high_water(conn, "r").await.unwrap(),
+        HighWater::from_entries([("a", 10)]),
+        "{what}"
+    );
+    assert_eq!(
+        fence.get(conn, "r").await.unwrap().as_deref(),
+        Some(&b"v10"[..]),
+        "{what}"
+    );
+}
+
+#[tokio::test]
+async fn script_rejects_duplicate_nodes_and_never_lowers_the_high_water() {
+    let (_cluster, mut conn) = a_at_10().await;
+    let fence = RedisFence::new();
+    let res = eval_raw(&mut conn, "r", &["2", "a", "12", "a", "10"], Some("dup")).await;
+    let after = fence.high_water(&mut conn, "r").await.unwrap();
+    let err = expect_malformed(&format!("a=12,a=10 (high water now {after})"), res);
+    assert!(
+        matches!(FenceError::from(err), FenceError::DuplicateNode { ref node } if node == "a"),
+        "maps to DuplicateNode"
+    );
+    assert_unchanged(&mut conn, "a=12,a=10").await;
+    // The malformed call changed nothing: {a:11} is a genuine later grant.
+    assert_eq!(
+        eval_raw(&mut conn, "r", &["1", "a", "11"], None)
+            .await
+            .unwrap()
+            .0,
+        1
+    );
+    assert_eq!(
+        eval_raw(&mut conn, "r", &["1", "a", "10"], None)
+            .await
+            .unwrap()
+            .0,
+        -1
+    );
+}
+
+#[tokio::test]
+async fn script_rejects_stamps_that_are_not_canonical_decimals() {
+    let (_cluster, mut conn) = a_at_10().await;
+    for stamp in [
+        "",
+        "x",
+        "-1",
+        "-10",
+        "011",
+        "00",
+        "1e3",
+        " 11",
+        "11 ",
+        "+11",
+        "11.0",
+        "0x20",
+        "9223372036854775808",
+        "99999999999999999999",
+    ] {
+        let what = format!("stamp {stamp:?}");
+        let res = eval_raw(&mut conn, "r", &["2", "a", "11", "b", stamp], Some("bad")).await;
+        let after = RedisFence::new().high_water(&mut conn, "r").await;
+        let err = expect_malformed(&format!("{what} (high water now {after:?})"), res);
+        let mapped = FenceError::from(err);
+        assert!(
+            matches!(mapped, FenceError::MalformedToken { .. }),
+            "{what}: {mapped:?}"
+        );
+        assert_unchanged(&mut conn, &what).await;
+    }
+    // The largest stamp is fine.
+    assert_eq!(
+        eval_raw(&mut conn, "r", &["1", "a", "9223372036854775807"], None)
+            .await
+            .unwrap()
+            .0,
+        1
+    );
+}
+
+#[tokio::test]
+async fn script_rejects_a_claim_count_that_does_not_match_its_arguments() {
+    let (_cluster, mut conn) = a_at_10().await;
+    for (args, value) in [
+        (&["2", "a", "11"][..], Some("v")),
+        (&["2", "a", "11"][..], None),
+        (&["1", "a", "11", "b"][..], None),
+        (&["1", "a", "11", "b", "12"][..], None),
+        (&["1", "a"][..], None),
+        (&["0"][..], Some("v")),
+        (&["0"][..], None),
+        (&[][..], None),
+        (&["x", "a", "11"][..], None),
+        (&["-1", "a", "11"][..], None),
+        (&["1.0", "a", "11"][..], None),
+        (&["01", "a", "11"][..], None),
+        (&["0x1", "a", "11"][..], None),
+    ] {
+        let what = format!("args {args:?}, value {value:?}");
+        let res = eval_raw(&mut conn, "r", args, value).await;
+        let after = RedisFence::new().high_water(&mut conn, "r").await;
+        expect_malformed(&format!("{what} (high water now {after:?})"), res);
+        assert_unchanged(&mut conn, &what).await;
+    }
+    // A first "token" without claims is not admitted either, and creates nothing.
+    expect_malformed(
+        "no claims on a fresh resource",
+        eval_raw(&mut conn, "fresh", &["0"], Some("v")).await,
+    );
+    let fence = RedisFence::new();
+    assert!(
+        fence
+            .high_water(&mut conn, "fresh")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(fence.get(&mut conn, "fresh").await.unwrap(), None);
+}
+
+/// Which typed error a malformed input must map to.
+type IsVariant = fn(&FenceError) -> bool;
+
+#[tokio::test]
+async fn script_enforces_the_token_caps_and_maps_to_typed_errors() {
+    let (_cluster, mut conn) = a_at_10().await;
+    let claims = |n: usize| {
+        let mut args = vec![n.to_string()];
+        for i in 0..n {
+            args.push(if i == 0 { "a".into() } else { format!("n{i}") });
+            args.push("11".into());
+        }
+        args
+    };
+    let x129 = "x".repeat(129);
+    let e65 = "é".repeat(65); // 130 bytes
+    let cases: Vec<(&str, Vec<String>, IsVariant)> = vec![
+        ("no claims", vec!["0".into()], |e| {
+            matches!(e, FenceError::EmptyToken)
+        }),
+        ("33 claims", claims(33), |e| {
+            matches!(e, FenceError::TooManyClaims { max: 32 })
+        }),
+        (
+            "129-byte name",
+            vec!["2".into(), "a".into(), "11".into(), x129, "11".into()],
+            |e| matches!(e, FenceError::InvalidNodeName { .. }),
+        ),
+        (
+            "130-byte UTF-8 name",
+            vec!["2".into(), "a".into(), "11".into(), e65, "11".into()],
+            |e| matches!(e, FenceError::InvalidNodeName { .. }),
+        ),
+        (
+            "empty name beside another claim",
+            vec!["2".into(), "a".into(), "11".into(), "".into(), "11".into()],
+            |e| matches!(e, FenceError::InvalidNodeName { .. }),
+        ),
+        (
+            "count mismatch",
+            vec!["2".into(), "a".into(), "11".into()],
+            |e| matches!(e, FenceError::MalformedToken { .. }),
+        ),
+    ];
+    for (what, args, typed) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let res = eval_raw(&mut conn, "r", &args, Some("bad")).await;
+        let after = RedisFence::new().high_water(&mut conn, "r").await;
+        let err = expect_malformed(&format!("{what} (high water now {after:?})"), res);
+        let mapped = FenceError::from(err);
+        assert!(typed(&mapped), "{what}: mapped to {mapped:?}");
+        assert_unchanged(&mut conn, what).await;
+    }
+    // The caps themselves are fine: 32 claims, a 128-byte name, the empty name alone.
+    let c32 = claims(32);
+    let c32: Vec<&str> = c32.iter().map(String::as_str).collect();
+    assert_eq!(eval_raw(&mut conn, "r", &c32, None).await.unwrap().0, 1);
+    let e64 = "é".repeat(64);
+    assert_eq!(
+        eval_raw(&mut conn, "r", &["2", "a", "12", &e64, "1"], None)
+            .await
+            .unwrap()
+            .0,
+        1
+    );
+    assert_eq!(
+        eval_raw(&mut conn, "r", &["1", "", "5"], None)
+            .await
+            .unwrap()
+            .0,
+        -2
+    );
+    let hw = RedisFence::new().high_water(&mut conn, "r").await.unwrap();
+    assert_eq!(
+        (hw.len(), hw.get("a"), hw.get(&e64)),
+        (33, Some(12), Some(1))
+    );
+}
