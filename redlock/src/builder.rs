@@ -289,6 +289,7 @@ impl RedlockBuilder {
         let waiters = Waiters::new(
             backend.nodes.iter().map(|n| n.client().clone()).collect(),
             c.node_timeout.max(Duration::from_millis(200)),
+            c.connect_timeout,
         );
         Ok(Redlock::from_core(
             Core::new(self.config, backend, Some(waiters)).with_origin(origin),

@@ -1,47 +1,99 @@
 //! Fast hand-off: release publishes on the resource's channel; waiters share one subscription
 //! connection per node and retry as soon as any node reports a release. Local waiters on the
 //! same resources take turns in FIFO order, so none of them starves behind its neighbours.
+//!
+//! Each node's subscription connection belongs to one long-lived task (started on first use,
+//! holding only a `Weak` to the shared state, aborted when the client is dropped). The task keeps
+//! the connection subscribed to every channel that has interest: it connects (bounded by the
+//! connect timeout), subscribes, forwards messages to the channel's waiters, and when the
+//! connection breaks or a command times out (a hung node) it re-opens it with a capped backoff
+//! and subscribes everything again. After a re-connect it wakes every waiter once: a release may
+//! have been published while it was not listening.
+//!
+//! A waiter never waits for every node: a release publishes on every node where the holder's key
+//! was deleted, and a holder has its key on a quorum, so a waiter hears every release once
+//! `N − quorum + 1` nodes confirmed its channel (every quorum includes one of them). `interest`
+//! waits for that many confirmations, bounded by the node timeout (and not at all once too
+//! few nodes are reachable to provide them); the other nodes subscribe in the background. A hung
+//! node thus never puts its timeout on the acquire path.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use futures_util::future::join_all;
-use redis::aio::PubSubSink;
+use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::Notify;
+use tokio::task::AbortHandle;
 
-/// A channel nobody waited on for this long is unsubscribed (by the next new waiter).
+/// A channel nobody waited on for this long is unsubscribed (after the next new waiter).
 const IDLE: Duration = Duration::from_secs(30);
+/// First pause before re-opening a broken subscription connection; doubled per failure.
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+/// Longest pause between attempts to re-open a subscription connection.
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
-/// Per-channel interest: the notifier local waiters sleep on, how many wait, whether every
-/// node confirmed the subscription, and since when nobody waits.
+/// Per-channel interest: the notifier local waiters sleep on, how many wait, and since when
+/// nobody waits.
 struct Channel {
     notify: Arc<Notify>,
     waiters: usize,
-    subscribed: bool,
     idle_since: Option<tokio::time::Instant>,
 }
 
-/// One node's subscription connection, opened on first use.
-struct NodeSub {
-    client: redis::Client,
-    sink: tokio::sync::Mutex<Option<PubSubSink>>,
+/// What one node's subscription task reports.
+#[derive(Default)]
+struct NodeState {
+    /// Channels the node confirmed on the open connection (and that are not being
+    /// unsubscribed).
+    subscribed: HashSet<String>,
+    /// The last connection attempt or command failed; cleared once the node answers again.
+    down: bool,
+}
+
+struct State {
+    /// Channels with interest: what every node's connection should be subscribed to.
+    channels: HashMap<String, Channel>,
+    nodes: Vec<NodeState>,
+}
+
+/// The state shared between the client and its subscription tasks.
+struct Shared {
+    state: Mutex<State>,
+    /// Woken whenever a node's confirmations or reachability change.
+    changed: Notify,
+}
+
+/// A running subscription task: `poke` makes it compare its subscriptions with the channels
+/// of interest.
+struct NodeTask {
+    poke: Arc<Notify>,
+    handle: AbortHandle,
 }
 
 /// Subscriptions and local turn-taking for one client.
 pub(crate) struct Waiters {
-    channels: Arc<Mutex<HashMap<String, Channel>>>,
+    shared: Arc<Shared>,
     turns: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
-    nodes: Vec<NodeSub>,
+    clients: Vec<redis::Client>,
+    tasks: Mutex<Vec<Option<NodeTask>>>,
     timeout: Duration,
+    connect_timeout: Duration,
 }
 
 impl std::fmt::Debug for Waiters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Waiters")
-            .field("nodes", &self.nodes.len())
+            .field("nodes", &self.clients.len())
             .finish()
+    }
+}
+
+impl Drop for Waiters {
+    fn drop(&mut self) {
+        for task in lock(&self.tasks).iter().flatten() {
+            task.handle.abort();
+        }
     }
 }
 
@@ -55,7 +107,10 @@ pub(crate) struct Interest {
 
 impl Drop for Interest {
     fn drop(&mut self) {
-        if let Some(c) = lock(&self.waiters.channels).get_mut(&self.channel) {
+        if let Some(c) = lock(&self.waiters.shared.state)
+            .channels
+            .get_mut(&self.channel)
+        {
             c.waiters = c.waiters.saturating_sub(1);
             if c.waiters == 0 {
                 c.idle_since = Some(tokio::time::Instant::now());
@@ -69,18 +124,27 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Waiters {
-    pub(crate) fn new(clients: Vec<redis::Client>, timeout: Duration) -> Self {
+    /// `timeout` bounds one subscription command and a waiter's wait for confirmations;
+    /// `connect_timeout` bounds opening a subscription connection.
+    pub(crate) fn new(
+        clients: Vec<redis::Client>,
+        timeout: Duration,
+        connect_timeout: Duration,
+    ) -> Self {
+        let n = clients.len();
         Self {
-            channels: Arc::default(),
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    channels: HashMap::new(),
+                    nodes: (0..n).map(|_| NodeState::default()).collect(),
+                }),
+                changed: Notify::new(),
+            }),
             turns: Mutex::default(),
-            nodes: clients
-                .into_iter()
-                .map(|client| NodeSub {
-                    client,
-                    sink: tokio::sync::Mutex::new(None),
-                })
-                .collect(),
+            clients,
+            tasks: Mutex::new((0..n).map(|_| None).collect()),
             timeout,
+            connect_timeout,
         }
     }
 
@@ -98,108 +162,305 @@ impl Waiters {
 
     /// Wakes local waiters on `channel` at once (a release by this client).
     pub(crate) fn notify_local(&self, channel: &str) {
-        if let Some(c) = lock(&self.channels).get(channel) {
+        if let Some(c) = lock(&self.shared.state).channels.get(channel) {
             c.notify.notify_waiters();
         }
     }
 
-    /// Registers interest in `channel` and makes sure every reachable node delivers it.
-    /// Subscription failures are ignored: waiters then fall back to their retry delay.
+    /// Confirmations a channel needs so that every quorum includes a node that confirmed it.
+    fn needed(&self) -> usize {
+        let n = self.clients.len();
+        n - (n / 2 + 1) + 1
+    }
+
+    /// Registers interest in `channel` and waits (bounded by the node timeout) until enough
+    /// nodes confirmed the subscription that every release reaches this client; the rest
+    /// subscribe in the background. Subscription failures are not errors: waiters then fall
+    /// back to their retry delay.
     pub(crate) async fn interest(self: &Arc<Self>, channel: &str) -> Interest {
         let now = tokio::time::Instant::now();
-        let (notify, subscribed, idle) = {
-            let mut channels = lock(&self.channels);
-            let idle: Vec<String> = channels
-                .iter()
-                .filter(|(_, c)| c.idle_since.is_some_and(|t| now - t > IDLE))
-                .map(|(name, _)| name.clone())
-                .collect();
-            for name in &idle {
-                channels.remove(name);
-            }
-            let c = channels
-                .entry(channel.to_owned())
-                .or_insert_with(|| Channel {
+        let (notify, changed) = {
+            let mut state = lock(&self.shared.state);
+            let before = state.channels.len();
+            state
+                .channels
+                .retain(|_, c| c.idle_since.is_none_or(|t| now - t <= IDLE));
+            let mut changed = state.channels.len() != before;
+            let c = state.channels.entry(channel.to_owned()).or_insert_with(|| {
+                changed = true;
+                Channel {
                     notify: Arc::new(Notify::new()),
                     waiters: 0,
-                    subscribed: false,
                     idle_since: None,
-                });
+                }
+            });
             c.waiters += 1;
             c.idle_since = None;
-            (Arc::clone(&c.notify), c.subscribed, idle)
+            (Arc::clone(&c.notify), changed)
         };
-        for name in idle {
-            let waiters = Arc::clone(self);
-            tokio::spawn(async move { waiters.unsubscribe(&name).await });
-        }
-        if !subscribed {
-            let ok = join_all(
-                self.nodes
-                    .iter()
-                    .map(|n| tokio::time::timeout(self.timeout, self.subscribe(n, channel))),
-            )
-            .await
-            .into_iter()
-            .all(|r| r == Ok(true));
-            if ok && let Some(c) = lock(&self.channels).get_mut(channel) {
-                c.subscribed = true;
-            }
-        }
-        Interest {
+        // Registered before any wait, so a cancelled caller still drops its interest.
+        let interest = Interest {
             waiters: Arc::clone(self),
             channel: channel.to_owned(),
             notify,
+        };
+        self.run_tasks(changed);
+        let needed = self.needed();
+        let _ = tokio::time::timeout(self.timeout, async {
+            loop {
+                let changed = self.shared.changed.notified();
+                let mut changed = std::pin::pin!(changed);
+                changed.as_mut().enable();
+                if self.settled(channel, needed) {
+                    return;
+                }
+                changed.await;
+            }
+        })
+        .await;
+        interest
+    }
+
+    /// Whether `channel` has `needed` confirmations, or cannot get them soon because too many
+    /// nodes are down.
+    fn settled(&self, channel: &str, needed: usize) -> bool {
+        let state = lock(&self.shared.state);
+        let confirmed = state
+            .nodes
+            .iter()
+            .filter(|n| n.subscribed.contains(channel))
+            .count();
+        let pending = state
+            .nodes
+            .iter()
+            .filter(|n| !n.down && !n.subscribed.contains(channel))
+            .count();
+        confirmed >= needed || confirmed + pending < needed
+    }
+
+    /// Starts every node's subscription task that is not running (first use, or its runtime
+    /// went away) and, if the channels of interest `changed`, tells the running ones.
+    fn run_tasks(&self, changed: bool) {
+        let mut tasks = lock(&self.tasks);
+        for (index, slot) in tasks.iter_mut().enumerate() {
+            match slot {
+                Some(task) if !task.handle.is_finished() => {
+                    if changed {
+                        task.poke.notify_one();
+                    }
+                }
+                _ => {
+                    lock(&self.shared.state).nodes[index] = NodeState::default();
+                    let poke = Arc::new(Notify::new());
+                    let node = NodeSub {
+                        shared: Arc::downgrade(&self.shared),
+                        index,
+                        client: self.clients[index].clone(),
+                        poke: Arc::clone(&poke),
+                        timeout: self.timeout,
+                        connect_timeout: self.connect_timeout,
+                    };
+                    let handle = tokio::spawn(node.run()).abort_handle();
+                    *slot = Some(NodeTask { poke, handle });
+                }
+            }
+        }
+    }
+}
+
+/// Why a connection's service ended.
+enum Ended {
+    /// The connection broke or a command failed or timed out: re-open it.
+    Broken,
+    /// The client is gone.
+    Gone,
+}
+
+/// One node's subscription task.
+struct NodeSub {
+    shared: Weak<Shared>,
+    index: usize,
+    client: redis::Client,
+    poke: Arc<Notify>,
+    timeout: Duration,
+    connect_timeout: Duration,
+}
+
+impl NodeSub {
+    async fn run(self) {
+        let mut backoff = BACKOFF_MIN;
+        let mut reconnect = false;
+        loop {
+            let opened =
+                tokio::time::timeout(self.connect_timeout, self.client.get_async_pubsub()).await;
+            if let Ok(Ok(pubsub)) = opened {
+                let (sink, stream) = pubsub.split();
+                match self.serve(sink, stream, &mut reconnect, &mut backoff).await {
+                    Ended::Gone => return,
+                    Ended::Broken => {}
+                }
+            }
+            let Some(shared) = self.shared.upgrade() else {
+                return;
+            };
+            {
+                let mut state = lock(&shared.state);
+                let node = &mut state.nodes[self.index];
+                node.subscribed.clear();
+                node.down = true;
+            }
+            shared.changed.notify_waiters();
+            drop(shared);
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(BACKOFF_MAX);
         }
     }
 
-    /// Subscribes `channel` on one node; `true` once the node confirmed it.
-    async fn subscribe(&self, node: &NodeSub, channel: &str) -> bool {
-        let mut sink = node.sink.lock().await;
-        if sink.is_none() {
-            let Ok(pubsub) = node.client.get_async_pubsub().await else {
-                return false;
+    /// Keeps one open connection subscribed to the channels of interest until it breaks.
+    async fn serve(
+        &self,
+        sink: PubSubSink,
+        mut stream: PubSubStream,
+        reconnect: &mut bool,
+        backoff: &mut Duration,
+    ) -> Ended {
+        let mut verified = false;
+        loop {
+            // Compare the connection's subscriptions with the channels of interest. A channel
+            // to unsubscribe stops counting as confirmed before its UNSUBSCRIBE is sent; one
+            // wanted again meanwhile is subscribed in the next round (the poke is kept), after
+            // the UNSUBSCRIBE on the same connection, so it cannot be overtaken by it.
+            let (subscribe, unsubscribe) = {
+                let Some(shared) = self.shared.upgrade() else {
+                    return Ended::Gone;
+                };
+                let mut state = lock(&shared.state);
+                let State { channels, nodes } = &mut *state;
+                let node = &mut nodes[self.index];
+                let unsubscribe: Vec<String> = node
+                    .subscribed
+                    .iter()
+                    .filter(|c| !channels.contains_key(*c))
+                    .cloned()
+                    .collect();
+                for c in &unsubscribe {
+                    node.subscribed.remove(c);
+                }
+                let subscribe: Vec<String> = channels
+                    .keys()
+                    .filter(|c| !node.subscribed.contains(*c))
+                    .cloned()
+                    .collect();
+                (subscribe, unsubscribe)
             };
-            let (new_sink, mut stream) = pubsub.split();
-            let channels = Arc::downgrade(&self.channels);
-            tokio::spawn(async move {
-                while let Some(msg) = stream.next().await {
-                    let Some(channels) = channels.upgrade() else {
-                        return;
-                    };
-                    if let Some(c) = lock(&channels).get(msg.get_channel_name()) {
+            if !unsubscribe.is_empty() {
+                let mut s = sink.clone();
+                let done = self
+                    .command(
+                        &mut stream,
+                        async move { s.unsubscribe(&unsubscribe).await },
+                    )
+                    .await;
+                if let Some(ended) = done {
+                    return ended;
+                }
+            }
+            if !subscribe.is_empty() {
+                let mut s = sink.clone();
+                let channels = subscribe.clone();
+                let done = self
+                    .command(&mut stream, async move { s.subscribe(&channels).await })
+                    .await;
+                if let Some(ended) = done {
+                    return ended;
+                }
+            } else if !verified {
+                // Nothing to subscribe: make sure the node answers before counting it as up.
+                let mut s = sink.clone();
+                let done = self
+                    .command(&mut stream, async move {
+                        s.ping::<redis::Value>().await.map(drop)
+                    })
+                    .await;
+                if let Some(ended) = done {
+                    return ended;
+                }
+            }
+            let Some(shared) = self.shared.upgrade() else {
+                return Ended::Gone;
+            };
+            {
+                let mut state = lock(&shared.state);
+                let node = &mut state.nodes[self.index];
+                node.subscribed.extend(subscribe);
+                node.down = false;
+                if !verified && *reconnect {
+                    // Releases published while the connection was down went unheard.
+                    for c in state.channels.values() {
                         c.notify.notify_waiters();
                     }
                 }
-            });
-            *sink = Some(new_sink);
+            }
+            shared.changed.notify_waiters();
+            drop(shared);
+            if !verified {
+                verified = true;
+                *reconnect = true;
+                *backoff = BACKOFF_MIN;
+            }
+            // Forward messages until the channels of interest change.
+            loop {
+                tokio::select! {
+                    () = self.poke.notified() => break,
+                    msg = stream.next() => match msg {
+                        Some(msg) => {
+                            if !self.forward(&msg) {
+                                return Ended::Gone;
+                            }
+                        }
+                        None => return Ended::Broken,
+                    },
+                }
+            }
         }
-        let Some(s) = sink.as_mut() else { return false };
-        if s.subscribe(channel).await.is_ok() {
-            return true;
-        }
-        // A broken subscription connection is reopened by the next waiter; every channel is
-        // subscribed again on it as its waiters come.
-        *sink = None;
-        for c in lock(&self.channels).values_mut() {
-            c.subscribed = false;
-        }
-        false
     }
 
-    async fn unsubscribe(&self, channel: &str) {
-        join_all(self.nodes.iter().map(|n| async move {
-            let mut sink = n.sink.lock().await;
-            // Checked under the sink's lock: a waiter that re-created the channel meanwhile
-            // subscribes under the same lock, so its SUBSCRIBE cannot be overtaken by this
-            // UNSUBSCRIBE.
-            if lock(&self.channels).contains_key(channel) {
-                return;
+    /// Runs one subscription command, bounded by the timeout, while forwarding the messages
+    /// that arrive meanwhile. `None` if it succeeded.
+    async fn command<F>(&self, stream: &mut PubSubStream, command: F) -> Option<Ended>
+    where
+        F: Future<Output = redis::RedisResult<()>>,
+    {
+        let command = tokio::time::timeout(self.timeout, command);
+        let mut command = std::pin::pin!(command);
+        loop {
+            tokio::select! {
+                result = &mut command => {
+                    return match result {
+                        Ok(Ok(())) => None,
+                        _ => Some(Ended::Broken),
+                    };
+                }
+                msg = stream.next() => match msg {
+                    Some(msg) => {
+                        if !self.forward(&msg) {
+                            return Some(Ended::Gone);
+                        }
+                    }
+                    None => return Some(Ended::Broken),
+                },
             }
-            if let Some(s) = sink.as_mut() {
-                let _ = tokio::time::timeout(self.timeout, s.unsubscribe(channel)).await;
-            }
-        }))
-        .await;
+        }
+    }
+
+    /// Wakes the waiters on the message's channel; `false` if the client is gone.
+    fn forward(&self, msg: &redis::Msg) -> bool {
+        let Some(shared) = self.shared.upgrade() else {
+            return false;
+        };
+        if let Some(c) = lock(&shared.state).channels.get(msg.get_channel_name()) {
+            c.notify.notify_waiters();
+        }
+        true
     }
 }

@@ -1,0 +1,232 @@
+//! Release notifications under node faults: a hung node must not put its timeout on the
+//! contended acquire path, and subscriptions must come back after the nodes restart.
+//!
+//! Every client here retries only after a fixed 2 s delay, so a hand-off well under a second
+//! can only have been driven by a release notification.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::eventually;
+use redlock::{Redlock, RetryPolicy};
+use redlock_testkit::{Cluster, DataOnRestart};
+
+/// Long enough that a subscription which waits out the hung node is unmistakable.
+const NODE_TIMEOUT: Duration = Duration::from_millis(200);
+/// A waiter that missed the release retries only after this.
+const RETRY_DELAY: Duration = Duration::from_secs(2);
+/// How long the holder keeps the lock once the waiter has started: longer than a contended
+/// attempt on loopback, shorter than the node timeout.
+const HOLD: Duration = Duration::from_millis(50);
+
+fn client(cluster: &Cluster) -> Redlock {
+    Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(10))
+        .node_timeout(NODE_TIMEOUT)
+        .retry(
+            RetryPolicy::deadline(Duration::from_secs(20)).with_delay(RETRY_DELAY, Duration::ZERO),
+        )
+        .build()
+        .expect("valid config")
+}
+
+/// One hand-off of `key` from `holder` to `waiter`: the holder takes the lock, the waiter starts
+/// waiting for it, the holder releases after [`HOLD`]. Returns the time from the start of the
+/// release until the waiter holds the lock, and the waiter's whole acquire.
+async fn handoff(holder: &Redlock, waiter: &Redlock, key: &str) -> (Duration, Duration) {
+    let lock = holder.acquire(key).await.expect("holder acquires");
+    let w = waiter.clone();
+    let k = key.to_owned();
+    let task = tokio::spawn(async move {
+        let started = Instant::now();
+        let lock = w.acquire(&k).await.expect("waiter acquires");
+        (Instant::now(), started.elapsed(), lock)
+    });
+    tokio::time::sleep(HOLD).await;
+    let released = Instant::now();
+    holder.release(lock).await.expect("holder releases");
+    let (acquired, waited, lock) = task.await.unwrap();
+    waiter.release(lock).await.expect("waiter releases");
+    (acquired.saturating_duration_since(released), waited)
+}
+
+/// `rounds` hand-offs of `key`, alternating the roles of `a` and `b`; prints and returns the
+/// hand-off times, sorted.
+async fn rounds(label: &str, a: &Redlock, b: &Redlock, key: &str, rounds: usize) -> Vec<Duration> {
+    let started = Instant::now();
+    let mut handoffs = Vec::with_capacity(rounds);
+    let mut waits = Vec::with_capacity(rounds);
+    for r in 0..rounds {
+        let (holder, waiter) = if r % 2 == 0 { (a, b) } else { (b, a) };
+        let (handoff, waited) = handoff(holder, waiter, key).await;
+        handoffs.push(handoff);
+        waits.push(waited);
+    }
+    let total = started.elapsed();
+    handoffs.sort();
+    waits.sort();
+    println!(
+        "{label}: {rounds} hand-offs in {total:?} ({:.1}/s); hand-off p50 {:?} max {:?}; \
+         contended acquire p50 {:?} max {:?}",
+        rounds as f64 / total.as_secs_f64(),
+        handoffs[rounds / 2],
+        handoffs[rounds - 1],
+        waits[rounds / 2],
+        waits[rounds - 1],
+    );
+    handoffs
+}
+
+/// The hand-offs (sorted) were driven by notifications and did not wait for a hung node.
+///
+/// Three in four must be quick. The others may have waited for the attempt itself: a waiter
+/// woken by the first node's notification may find the lock released on one healthy node and not
+/// yet on the other, and with the third node hung only that node's timeout decides the split
+/// vote. That is a cost of the acquire attempt, not of the subscription, and it is rare.
+fn assert_fast(label: &str, handoffs: &[Duration]) {
+    let p75 = handoffs[handoffs.len() * 3 / 4];
+    assert!(
+        p75 < NODE_TIMEOUT / 4,
+        "{label}: hand-off p75 {p75:?} is not well under the node timeout {NODE_TIMEOUT:?}: \
+         the waiters paid a hung node's timeout or missed the release ({handoffs:?})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hung_node_does_not_slow_handoff_of_fresh_clients() {
+    let cluster = Cluster::start(3).await.unwrap();
+    // Stopped before any client connects: connections are accepted, nothing is answered.
+    cluster.node(2).pause();
+    let a = client(&cluster);
+    let b = client(&cluster);
+    // Command connections only (it waits out the hung node's connect timeout once); the
+    // subscription connections are opened by the first waiter.
+    a.connect().await;
+    b.connect().await;
+    let handoffs = rounds("fresh clients, node 2 hung", &a, &b, "fresh", 20).await;
+    cluster.node(2).resume();
+    assert_fast("fresh clients, node 2 hung", &handoffs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_hung_after_subscribing_does_not_slow_handoff() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let a = client(&cluster);
+    let b = client(&cluster);
+    // Both clients hold subscription connections to every node (and a subscribed channel)
+    // before the node hangs.
+    let warm = rounds("all nodes up", &a, &b, "warm", 4).await;
+    assert_fast("all nodes up", &warm);
+    cluster.node(2).pause();
+    // A channel first used after the hang, and the one subscribed before it.
+    let new = rounds("node 2 hung, new channel", &a, &b, "hot", 20).await;
+    let old = rounds("node 2 hung, old channel", &a, &b, "warm", 10).await;
+    cluster.node(2).resume();
+    assert_fast("node 2 hung, new channel", &new);
+    assert_fast("node 2 hung, old channel", &old);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handoff_is_notified_again_after_every_node_restarted() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let a = client(&cluster);
+    let b = client(&cluster);
+    let before = rounds("before the restart", &a, &b, "k", 4).await;
+    assert_fast("before the restart", &before);
+    // Every subscription connection breaks; the nodes come back empty on the same ports.
+    for i in 0..3 {
+        cluster.node(i).restart(DataOnRestart::Wipe).await.unwrap();
+    }
+    // The command connections broke too: let each client find that out (its first attempt
+    // fails and reconnects) before hand-offs are timed.
+    for c in [&a, &b] {
+        let reconnected = eventually(Duration::from_secs(10), || async {
+            match c.try_acquire("reconnect").await {
+                Ok(lock) => c.release(lock).await.is_ok(),
+                Err(_) => false,
+            }
+        })
+        .await;
+        assert!(
+            reconnected,
+            "a client did not reconnect to the restarted nodes"
+        );
+    }
+    // Re-subscribing may take a moment; after that, three hand-offs in a row must be quick.
+    let restarted = Instant::now();
+    let limit = Duration::from_secs(15);
+    let mut fast_in_a_row = 0;
+    let mut seen = Vec::new();
+    let mut r = 0;
+    while fast_in_a_row < 3 {
+        assert!(
+            restarted.elapsed() < limit,
+            "hand-offs still missed the release notification {limit:?} after the restart: {seen:?}"
+        );
+        let (holder, waiter) = if r % 2 == 0 { (&a, &b) } else { (&b, &a) };
+        let (handoff, _) = handoff(holder, waiter, "k").await;
+        seen.push(handoff);
+        if handoff < RETRY_DELAY / 2 {
+            fast_in_a_row += 1;
+        } else {
+            fast_in_a_row = 0;
+        }
+        r += 1;
+    }
+    println!(
+        "after the restart: notified hand-offs again within {:?}; hand-offs {seen:?}",
+        restarted.elapsed()
+    );
+    let after = rounds("after the restart", &a, &b, "k", 10).await;
+    assert_fast("after the restart", &after);
+}
+
+/// Subscription connections (`CLIENT LIST TYPE pubsub`) open on node `i`.
+async fn pubsub_clients(cluster: &Cluster, i: usize) -> usize {
+    let mut c = cluster
+        .node(i)
+        .connection()
+        .await
+        .expect("direct connection");
+    let list: String = redlock_testkit::redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut c)
+        .await
+        .expect("CLIENT LIST");
+    list.lines().filter(|l| !l.is_empty()).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_clients_close_their_subscription_connections() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let a = client(&cluster);
+    let b = client(&cluster);
+    let handoffs = rounds("two clients", &a, &b, "k", 2).await;
+    assert_fast("two clients", &handoffs);
+    // Both clients waited once, so both subscribe on every node (the last ones perhaps in the
+    // background).
+    let opened = eventually(Duration::from_secs(5), || async {
+        let mut open = 0;
+        for i in 0..3 {
+            open += pubsub_clients(&cluster, i).await;
+        }
+        open == 6
+    })
+    .await;
+    assert!(opened, "the clients did not subscribe on every node");
+    drop(a);
+    drop(b);
+    let closed = eventually(Duration::from_secs(5), || async {
+        let mut open = 0;
+        for i in 0..3 {
+            open += pubsub_clients(&cluster, i).await;
+        }
+        open == 0
+    })
+    .await;
+    assert!(closed, "subscription connections outlived their clients");
+}
