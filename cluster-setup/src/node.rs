@@ -5,6 +5,7 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -29,8 +30,13 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Timeouts of the readiness probe and other quick internal checks.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
-/// `SAVE` before a `Keep` restart; generous because tests may hold many keys.
+/// `SAVE` before a `Keep` restart; generous because tests may hold many keys. Also bounds a
+/// graceful `SHUTDOWN` and the AOF rewrite after a snapshot restore.
 const SAVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The node's RDB file (`--dbfilename`) in its directory.
+const RDB_FILE: &str = "dump.rdb";
+/// Subdirectory of a node's directory holding its [`Snapshot`]s.
+const SNAPSHOT_DIR: &str = "snapshots";
 /// Lines of the node's logs quoted in startup errors.
 const LOG_TAIL_LINES: usize = 20;
 
@@ -45,6 +51,8 @@ pub struct RedisNode {
     tls_port: Option<u16>,
     child: Mutex<Option<Child>>,
     proxy: Option<FaultProxy>,
+    /// Snapshots taken so far, to name the next one.
+    snapshots: AtomicU64,
     // Declared last so it is deleted after the process is gone (see `Drop`).
     dir: TempDir,
 }
@@ -67,11 +75,12 @@ impl RedisNode {
                 tls_port,
                 child: Mutex::new(None),
                 proxy: None,
+                snapshots: AtomicU64::new(0),
                 dir: tempfile::Builder::new()
                     .prefix("redlock-testkit-")
                     .tempdir()?,
             };
-            match node.spawn_and_wait().await {
+            match node.spawn_and_wait(Start::AsConfigured).await {
                 Ok(()) => {
                     if proxied {
                         node.proxy = Some(FaultProxy::start(node.addr()).await?);
@@ -174,47 +183,120 @@ impl RedisNode {
 
     /// Restarts the process on the same port(s) and waits until it answers `PING`.
     ///
-    /// * [`DataOnRestart::Keep`]: if the process is running it is resumed and, unless the
-    ///   node uses [`Persistence::AofAlways`] (whose AOF is already fsynced), told to `SAVE`
-    ///   before being killed, so its keys survive. A node that was already killed restarts
-    ///   with whatever its data files hold.
+    /// * [`DataOnRestart::Keep`]: a running process is resumed and made to persist every
+    ///   acknowledged write before it stops — `SAVE` then `kill -9` under
+    ///   [`Persistence::None`], a graceful `SHUTDOWN NOSAVE` (which flushes and fsyncs the AOF)
+    ///   under [`Persistence::AofEverysec`], a plain `kill -9` under
+    ///   [`Persistence::AofAlways`] (whose AOF is already fsynced). A node that was already
+    ///   killed restarts with whatever its data files hold.
     /// * [`DataOnRestart::Wipe`]: the process is killed and its data files deleted, so it
     ///   restarts empty — the "lost its data" case of Redlock's safety argument.
+    /// * [`DataOnRestart::AsOnDisk`]: `kill -9` (a paused process too, without resuming it)
+    ///   and restart with whatever the data files hold — nothing is saved first, so under
+    ///   [`Persistence::AofEverysec`] the last writes may be lost and under
+    ///   [`Persistence::None`] everything since the last `SAVE` (e.g. of a
+    ///   [`snapshot`](Self::snapshot)) is.
     ///
     /// # Errors
     ///
-    /// Fails if `SAVE` fails, or if the server does not come back within 10 s (the error
-    /// quotes the end of its log).
+    /// Fails if `SAVE` or `SHUTDOWN` fails or does not finish within 10 s, or if the server
+    /// does not come back within 10 s (the error quotes the end of its log).
     ///
     /// # Cancel safety
     ///
     /// Not cancel safe: cancelled after the kill, the node stays down (or starts without
     /// being awaited); call `restart` again.
     pub async fn restart(&self, data: DataOnRestart) -> io::Result<()> {
-        if data == DataOnRestart::Keep
-            && self.is_running()
-            && self.config.persistence != Persistence::AofAlways
-        {
-            self.resume();
-            self.save().await?;
+        if data == DataOnRestart::Keep && self.is_running() {
+            match self.config.persistence {
+                Persistence::None => {
+                    self.resume();
+                    self.save().await?;
+                }
+                Persistence::AofEverysec => {
+                    self.resume();
+                    self.shutdown().await?;
+                }
+                Persistence::AofAlways => {}
+            }
         }
         self.kill();
         if data == DataOnRestart::Wipe {
             self.wipe_data()?;
         }
-        let mut last_err = None;
-        for _ in 0..RESTART_ATTEMPTS {
-            match self.spawn_and_wait().await {
-                Ok(()) => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
-                    self.kill();
-                    last_err = Some(e);
-                    sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => return Err(e),
+        self.respawn(Start::AsConfigured).await
+    }
+
+    /// `SAVE`s the node's data now and copies the resulting `dump.rdb` aside, so the node can
+    /// later be [restored](Self::restore_snapshot) to exactly this state — "restored from an
+    /// older backup".
+    ///
+    /// Works under every [`Persistence`] mode (`SAVE` always writes an RDB file). Under
+    /// [`Persistence::None`] the `SAVE` also leaves this state in the node's own `dump.rdb`,
+    /// which a later `kill -9` and [`DataOnRestart::AsOnDisk`] restart loads.
+    ///
+    /// The copy lives in the node's directory and is deleted with the node.
+    ///
+    /// # Errors
+    ///
+    /// Fails if the node is not running, or does not finish `SAVE` within 10 s (a paused node
+    /// does not), or if the file cannot be copied.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the node keeps running; a cancelled call may leave an unused file behind.
+    pub async fn snapshot(&self) -> io::Result<Snapshot> {
+        self.save().await?;
+        let dir = self.dir().join(SNAPSHOT_DIR);
+        fs::create_dir_all(&dir)?;
+        let n = self.snapshots.fetch_add(1, Ordering::Relaxed);
+        let path = dir.join(format!("{n}.rdb"));
+        fs::copy(self.dir().join(RDB_FILE), &path)?;
+        Ok(Snapshot { path })
+    }
+
+    /// Restarts the node from `snapshot`, losing every write made after it was taken: the
+    /// process is killed (`kill -9`, without saving), its data files are replaced by the
+    /// snapshot, and it starts on the same port(s). Any node's snapshot may be restored on
+    /// any node (of a cluster still alive: snapshots are deleted with their node).
+    ///
+    /// Works under every [`Persistence`] mode. With AOF on, redis-server would load its
+    /// (deleted) AOF and ignore `dump.rdb`, so under [`Persistence::AofAlways`] and
+    /// [`Persistence::AofEverysec`] the node is started with AOF off, loads the snapshot, and
+    /// is then switched to AOF with `CONFIG SET appendonly yes`; this waits until the rewrite
+    /// that writes the snapshot's keys into the new AOF has finished, so later restarts keep
+    /// them.
+    ///
+    /// # Errors
+    ///
+    /// Fails without touching the node if the snapshot file cannot be read; fails after the
+    /// kill if the server does not come back within 10 s (the error quotes the end of its
+    /// log, e.g. when the file is not a valid RDB file) or the AOF cannot be re-enabled within
+    /// 10 s.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: cancelled after the kill, the node stays down or runs without AOF;
+    /// call `restore_snapshot` again.
+    pub async fn restore_snapshot(&self, snapshot: &Snapshot) -> io::Result<()> {
+        // Copy first: a missing snapshot must leave the node as it is.
+        let staged = self.dir().join(format!("{RDB_FILE}.restore"));
+        fs::copy(&snapshot.path, &staged).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot read snapshot {}: {e}", snapshot.path.display()),
+            )
+        })?;
+        self.kill();
+        self.wipe_data()?;
+        fs::rename(&staged, self.dir().join(RDB_FILE))?;
+        match self.config.persistence {
+            Persistence::None => self.respawn(Start::AsConfigured).await,
+            Persistence::AofAlways | Persistence::AofEverysec => {
+                self.respawn(Start::FromRdb).await?;
+                self.enable_aof().await
             }
         }
-        Err(last_err.unwrap_or_else(|| io::Error::other("no attempt to restart redis-server")))
     }
 
     /// A fresh connection straight to the server (never through the proxy), authenticated
@@ -297,8 +379,116 @@ impl RedisNode {
             .map_err(io::Error::other)
     }
 
+    /// Graceful `SHUTDOWN NOSAVE` (redis-server flushes and fsyncs its AOF, writes no RDB
+    /// file), then waits until the process has exited.
+    async fn shutdown(&self) -> io::Result<()> {
+        let mut conn = self
+            .connect(CONNECT_TIMEOUT, SAVE_TIMEOUT)
+            .await
+            .map_err(io::Error::other)?;
+        let res = redis::cmd("SHUTDOWN")
+            .arg("NOSAVE")
+            .query_async::<()>(&mut conn)
+            .await;
+        // A server that shuts down closes the connection instead of answering; an error
+        // reply means it refused.
+        if let Err(e) = res
+            && e.code().is_some()
+        {
+            return Err(io::Error::other(format!(
+                "redis-server on port {} refused SHUTDOWN: {e}",
+                self.port
+            )));
+        }
+        let deadline = Instant::now() + SAVE_TIMEOUT;
+        while self.is_running() {
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "redis-server on port {} did not exit within {SAVE_TIMEOUT:?} of SHUTDOWN",
+                        self.port
+                    ),
+                ));
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
+    /// `CONFIG SET appendonly yes` and waits until the AOF rewrite it starts has finished.
+    async fn enable_aof(&self) -> io::Result<()> {
+        let mut conn = self
+            .connect(CONNECT_TIMEOUT, SAVE_TIMEOUT)
+            .await
+            .map_err(io::Error::other)?;
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("appendonly")
+            .arg("yes")
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(io::Error::other)?;
+        let deadline = Instant::now() + SAVE_TIMEOUT;
+        loop {
+            let info: String = redis::cmd("INFO")
+                .arg("persistence")
+                .query_async(&mut conn)
+                .await
+                .map_err(io::Error::other)?;
+            let field = |name| info_field(&info, name);
+            let rewrites: u64 = field("aof_rewrites")
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            let done = field("aof_enabled") == Some("1")
+                && field("aof_rewrite_in_progress") == Some("0")
+                && field("aof_rewrite_scheduled") == Some("0")
+                && rewrites >= 1;
+            if done {
+                return match field("aof_last_bgrewrite_status") {
+                    Some("ok") => Ok(()),
+                    status => Err(io::Error::other(format!(
+                        "redis-server on port {} failed to write its AOF after loading a \
+                         snapshot (aof_last_bgrewrite_status {status:?}); log tail:\n{}",
+                        self.port,
+                        self.log_tail()
+                    ))),
+                };
+            }
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "redis-server on port {} did not finish its AOF rewrite within \
+                         {SAVE_TIMEOUT:?} after loading a snapshot",
+                        self.port
+                    ),
+                ));
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Starts the (killed) process again on the same port(s), retrying while the old socket
+    /// lingers.
+    async fn respawn(&self, start: Start) -> io::Result<()> {
+        let mut last_err = None;
+        for _ in 0..RESTART_ATTEMPTS {
+            match self.spawn_and_wait(start).await {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+                    self.kill();
+                    last_err = Some(e);
+                    sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| io::Error::other("no attempt to restart redis-server")))
+    }
+
     fn wipe_data(&self) -> io::Result<()> {
-        for name in ["dump.rdb", "appendonly.aof"] {
+        for name in [RDB_FILE, "appendonly.aof"] {
             match fs::remove_file(self.dir().join(name)) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
                 _ => {}
@@ -311,7 +501,7 @@ impl RedisNode {
         }
     }
 
-    fn command(&self) -> io::Result<Command> {
+    fn command(&self, start: Start) -> io::Result<Command> {
         let dir = self.dir();
         let output = File::options()
             .create(true)
@@ -326,6 +516,8 @@ impl RedisNode {
             .arg(dir)
             .arg("--save")
             .arg("")
+            .arg("--dbfilename")
+            .arg(RDB_FILE)
             .arg("--maxmemory-policy")
             .arg("noeviction")
             .arg("--daemonize")
@@ -334,15 +526,26 @@ impl RedisNode {
             .arg("no")
             .arg("--logfile")
             .arg(dir.join("redis.log"));
-        match self.config.persistence {
-            Persistence::None => {
-                cmd.arg("--appendonly").arg("no");
-            }
-            Persistence::AofAlways => {
+        let fsync = match self.config.persistence {
+            Persistence::None => None,
+            Persistence::AofAlways => Some("always"),
+            Persistence::AofEverysec => Some("everysec"),
+        };
+        match (fsync, start) {
+            (Some(fsync), Start::AsConfigured) => {
                 cmd.arg("--appendonly")
                     .arg("yes")
                     .arg("--appendfsync")
-                    .arg("always");
+                    .arg(fsync);
+            }
+            (Some(fsync), Start::FromRdb) => {
+                cmd.arg("--appendonly")
+                    .arg("no")
+                    .arg("--appendfsync")
+                    .arg(fsync);
+            }
+            (None, _) => {
+                cmd.arg("--appendonly").arg("no");
             }
         }
         if let (Some(tls), Some(tls_port)) = (&self.config.tls, self.tls_port) {
@@ -369,8 +572,8 @@ impl RedisNode {
     /// Spawns the process and waits until it answers `PING` as itself.
     ///
     /// Errors with `AddrInUse` when the port turned out to be taken, so callers can retry.
-    async fn spawn_and_wait(&self) -> io::Result<()> {
-        let child = self.command()?.spawn()?;
+    async fn spawn_and_wait(&self, start: Start) -> io::Result<()> {
+        let child = self.command(start)?.spawn()?;
         let pid = child.id();
         *self.lock_child() = Some(child);
 
@@ -450,6 +653,30 @@ impl RedisNode {
             }
         }
         out
+    }
+}
+
+/// How [`RedisNode::spawn_and_wait`] configures the process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Start {
+    /// As the cluster's [`Persistence`] says.
+    AsConfigured,
+    /// With AOF off, so that redis-server loads `dump.rdb`; the caller turns AOF on after.
+    FromRdb,
+}
+
+/// A copy of one node's RDB file, taken by [`RedisNode::snapshot`] and put back by
+/// [`RedisNode::restore_snapshot`]. The file lives in the node's directory and is deleted
+/// with the node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    path: PathBuf,
+}
+
+impl Snapshot {
+    /// The RDB file.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 }
 

@@ -7,7 +7,8 @@ use crate::client::{Core, Redlock};
 use crate::config::{Config, RetryPolicy};
 use crate::engine;
 use crate::error::{ConfigError, Error};
-use crate::node::{Identities, NodeKeys, NodeSpec, RedisBackend, RedisNode, redact_url};
+use crate::node::{Identities, NodeKeys, RedisBackend, RedisNode};
+use crate::url::{NodeSpec, redact_url};
 use crate::waiters::Waiters;
 
 /// Longest node name accepted: names travel in fence tokens, which cap them at this length.

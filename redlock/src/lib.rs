@@ -13,6 +13,7 @@ mod node;
 mod scripts;
 mod telemetry;
 mod token;
+mod url;
 mod waiters;
 
 pub use builder::{MAX_NODE_NAME_LEN, RedlockBuilder};

@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use futures_util::future::{self, BoxFuture};
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
+use redis::{AsyncConnectionConfig, Client};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -20,114 +20,7 @@ use crate::error::{ConfigError, NodeError, NodeErrorKind};
 use crate::lock::Claim;
 use crate::scripts::{self, LuaScript};
 use crate::token::Token;
-
-/// A parsed, validated node address.
-#[derive(Clone)]
-pub(crate) struct NodeSpec {
-    pub(crate) name: Arc<str>,
-    /// `host:port` or socket path plus db, used to detect duplicates.
-    pub(crate) identity: String,
-    pub(crate) info: ConnectionInfo,
-    pub(crate) tls: bool,
-}
-
-impl std::fmt::Debug for NodeSpec {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NodeSpec")
-            .field("name", &self.name)
-            .field("tls", &self.tls)
-            .finish_non_exhaustive()
-    }
-}
-
-impl NodeSpec {
-    /// Parses `redis://[user[:password]@]host[:port][/db]`, `rediss://…` or `redis+unix://…`.
-    /// On failure returns a reason that never contains the password.
-    pub(crate) fn parse(url: &str, name: Option<&str>) -> Result<Self, String> {
-        let url = url.trim();
-        if url.is_empty() {
-            return Err("empty URL".into());
-        }
-        let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
-        if !matches!(scheme, "redis" | "rediss" | "redis+unix" | "unix") {
-            return Err("expected a redis://, rediss:// or redis+unix:// URL".into());
-        }
-        let password = url_password(url);
-        let info = url.into_connection_info().map_err(|e| {
-            scrub(
-                &format!("not a valid Redis URL ({e})"),
-                &[password.as_deref()],
-            )
-        })?;
-        let db = info.redis_settings().db();
-        let (identity, default_name, tls) = match info.addr() {
-            ConnectionAddr::Tcp(host, port) => {
-                let hp = format!("{}:{port}", host.to_ascii_lowercase());
-                (format!("{hp}/{db}"), hp, false)
-            }
-            ConnectionAddr::TcpTls { host, port, .. } => {
-                let hp = format!("{}:{port}", host.to_ascii_lowercase());
-                (format!("{hp}/{db}"), hp, true)
-            }
-            ConnectionAddr::Unix(path) => {
-                let p = path.display().to_string();
-                (format!("{p}/{db}"), p, false)
-            }
-            _ => return Err("unsupported address type".into()),
-        };
-        if tls && !cfg!(feature = "tls") {
-            return Err("rediss:// needs the `tls` feature of the redlock crate".into());
-        }
-        let info = info.set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
-        Ok(Self {
-            name: name.map_or_else(|| default_name.into(), Into::into),
-            identity,
-            info,
-            tls,
-        })
-    }
-}
-
-/// The password part of a URL's userinfo, if any (best effort, used only for scrubbing).
-fn url_password(url: &str) -> Option<String> {
-    let rest = url.split_once("://")?.1;
-    let authority = rest.split(['/', '?', '#']).next()?;
-    let (userinfo, _) = authority.rsplit_once('@')?;
-    let (_, pw) = userinfo.split_once(':')?;
-    (!pw.is_empty()).then(|| pw.to_owned())
-}
-
-/// `url` with the password in its userinfo replaced by `***`.
-pub(crate) fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-            let masked = if userinfo.contains(':') {
-                format!("{user}:***")
-            } else {
-                user.to_owned()
-            };
-            format!("{scheme}://{masked}@{host}{tail}")
-        }
-        None => url.to_owned(),
-    }
-}
-
-/// Replaces every occurrence of each secret in `text` with `***`.
-pub(crate) fn scrub(text: &str, secrets: &[Option<&str>]) -> String {
-    let mut out = text.to_owned();
-    for s in secrets.iter().flatten() {
-        if s.len() >= 3 {
-            out = out.replace(s, "***");
-        }
-    }
-    out
-}
+use crate::url::{NodeSpec, scrub};
 
 /// Requests that may wait in one connection's client-side queue.
 const REQUEST_QUEUE: usize = 1 << 16;
@@ -848,38 +741,5 @@ impl Backend for RedisBackend {
 
     fn misconfigured(&self) -> Option<ConfigError> {
         self.identities.conflict()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn redaction_hides_passwords() {
-        assert_eq!(
-            redact_url("redis://alice:s3cret@host:6379/2"),
-            "redis://alice:***@host:6379/2"
-        );
-        assert_eq!(redact_url("redis://:pw@h:1"), "redis://:***@h:1");
-        assert_eq!(redact_url("redis://h:1"), "redis://h:1");
-        assert_eq!(redact_url("rediss://u@h"), "rediss://u@h");
-        assert_eq!(
-            url_password("redis://a:b%40c@h:1/0").as_deref(),
-            Some("b%40c")
-        );
-    }
-
-    #[test]
-    fn parse_names_and_rejects() {
-        let s = NodeSpec::parse("redis://127.0.0.1:7001", None).unwrap();
-        assert_eq!(&*s.name, "127.0.0.1:7001");
-        let s = NodeSpec::parse("redis://u:pw@Host:7002/3", Some("n2")).unwrap();
-        assert_eq!(&*s.name, "n2");
-        assert_eq!(s.identity, "host:7002/3");
-        assert!(NodeSpec::parse("", None).is_err());
-        assert!(NodeSpec::parse("http://x", None).is_err());
-        let e = NodeSpec::parse("redis://u:topsecret@h:notaport", None).unwrap_err();
-        assert!(!e.contains("topsecret"), "{e}");
     }
 }

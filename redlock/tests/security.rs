@@ -200,3 +200,234 @@ async fn tls_nodes_are_reachable_with_a_custom_ca() {
     assert!(failed >= 2, "{err}");
     assert!(err.to_string().contains("certificate"), "{err}");
 }
+
+// ---- Passwords with reserved characters (audit finding 9) ----
+
+/// Halves of every test password. Alphanumeric, so they read the same raw, percent-encoded and
+/// percent-decoded: any piece of a password that leaks shows at least one of them.
+const PW_LEFT: &str = "Kq7vZ";
+const PW_RIGHT: &str = "Wm3xJ";
+
+/// Every RFC 3986 reserved character (gen-delims, then sub-delims), `%`, space and non-ASCII.
+const AWKWARD: &[&str] = &[
+    ":", "/", "?", "#", "[", "]", "@", "!", "$", "&", "'", "(", ")", "*", "+", ",", ";", "=", "%",
+    " ", "é", "€", "🔒",
+];
+
+/// `s` with every byte except ASCII letters and digits percent-encoded.
+fn percent_encode_all(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// Which forms of `password` appear in `text`.
+fn leaked_forms(text: &str, password: &str) -> Vec<&'static str> {
+    let encoded = percent_encode_all(password);
+    let forms = [
+        ("raw", password),
+        ("percent-encoded", encoded.as_str()),
+        ("left half", PW_LEFT),
+        ("right half", PW_RIGHT),
+    ];
+    forms
+        .into_iter()
+        .filter(|(_, form)| text.contains(form))
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// Builds a client on `url` (plus one plain node, so `build()` logs its even-count warning and
+/// the capture is known to work) with every `tracing` level captured, and returns everything
+/// the caller can see: the builder's `Debug`, then the client's `Debug` or the error's
+/// `Display` and `Debug`, then the logs.
+fn everything_shown_by_build(
+    url: &str,
+) -> (
+    Result<(), redlock::ConfigError>,
+    Vec<(&'static str, String)>,
+) {
+    let logs = Captured::default();
+    let sink = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || sink.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    tracing::trace!("capture check");
+
+    let builder = Redlock::builder().nodes([url, "redis://127.0.0.1:2"]);
+    let mut shown = vec![("RedlockBuilder Debug", format!("{builder:?}"))];
+    let outcome = match builder.build() {
+        Ok(rl) => {
+            shown.push(("Redlock Debug", format!("{rl:?}")));
+            shown.push(("Redlock::node_names", format!("{:?}", rl.node_names())));
+            let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+            assert!(logs.contains("even number"), "build() logged nothing");
+            Ok(())
+        }
+        Err(e) => {
+            shown.push(("build() error Display", e.to_string()));
+            shown.push(("build() error Debug", format!("{e:?}")));
+            match e {
+                redlock::Error::Config(c) => Err(c),
+                other => panic!("build() failed with a non-config error: {other:?}"),
+            }
+        }
+    };
+    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(logs.contains("capture check"), "the test captured no logs");
+    shown.push(("TRACE logs", logs));
+    (outcome, shown)
+}
+
+#[test]
+fn passwords_with_reserved_characters_never_leak() {
+    let mut findings = Vec::new();
+    for c in AWKWARD {
+        let password = format!("{PW_LEFT}{c}{PW_RIGHT}");
+        let encoded = percent_encode_all(&password);
+        let cases = [
+            ("raw", format!("redis://alice:{password}@127.0.0.1:1")),
+            ("raw, no user", format!("redis://:{password}@127.0.0.1:1/0")),
+            ("raw, TLS", format!("rediss://alice:{password}@127.0.0.1:1")),
+            (
+                "raw, bad port",
+                format!("redis://alice:{password}@127.0.0.1:notaport"),
+            ),
+            ("encoded", format!("redis://alice:{encoded}@127.0.0.1:1")),
+            (
+                "encoded, no user",
+                format!("redis://:{encoded}@127.0.0.1:1/0"),
+            ),
+            (
+                "encoded, bad port",
+                format!("redis://alice:{encoded}@127.0.0.1:notaport"),
+            ),
+            (
+                "encoded, bad db",
+                format!("redis://alice:{encoded}@127.0.0.1:1/x"),
+            ),
+            (
+                "unix, raw",
+                format!("redis+unix:///tmp/redlock-test.sock?pass={password}"),
+            ),
+            (
+                "unix, encoded",
+                format!("redis+unix:///tmp/redlock-test.sock?db=1&pass={encoded}"),
+            ),
+        ];
+        for (form, url) in cases {
+            let (outcome, shown) = everything_shown_by_build(&url);
+            for (place, text) in &shown {
+                let leaked = leaked_forms(text, &password);
+                if !leaked.is_empty() {
+                    findings.push(format!(
+                        "{c:?} {form}: {place} shows the password ({})",
+                        leaked.join(", ")
+                    ));
+                }
+            }
+            let must_parse = form.contains("encoded") && !form.contains("bad");
+            match outcome {
+                Ok(()) if form.contains("bad") => {
+                    findings.push(format!("{c:?} {form}: accepted"));
+                }
+                Err(e) if must_parse => {
+                    findings.push(format!("{c:?} {form}: rejected: {e}"));
+                }
+                Err(redlock::ConfigError::InvalidNodeUrl { index: 0, .. }) | Ok(()) => {}
+                Err(e) => findings.push(format!("{c:?} {form}: wrong error {e:?}")),
+            }
+        }
+    }
+    assert!(
+        findings.is_empty(),
+        "{} problems:\n{}",
+        findings.len(),
+        findings.join("\n")
+    );
+}
+
+/// A password made of the characters that end or split a URL's userinfo (and a space).
+const URL_HOSTILE_PASSWORD: &str = "Sl4sh/Qu3ry?H4sh#Att@C0lon:Pct%Sp4ce Nd1";
+
+/// The alphanumeric runs of `password`: whatever part of it leaks, in whichever encoding,
+/// shows one of them.
+fn pieces(password: &str) -> Vec<&str> {
+    password
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|p| p.len() >= 3)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn percent_encoded_password_with_reserved_characters_authenticates() {
+    let cluster = Cluster::builder()
+        .nodes(3)
+        .arg("requirepass", URL_HOSTILE_PASSWORD)
+        .start()
+        .await
+        .unwrap();
+    // The server took the password as given: the testkit authenticates with it verbatim.
+    let mut direct = cluster.node(0).connection().await.unwrap();
+    let pong: String = redlock_testkit::redis::cmd("PING")
+        .query_async(&mut direct)
+        .await
+        .unwrap();
+    assert_eq!(pong, "PONG");
+
+    let url = |password: &str| -> Vec<String> {
+        cluster
+            .nodes()
+            .iter()
+            .map(|n| format!("redis://:{password}@127.0.0.1:{}", n.port()))
+            .collect()
+    };
+    let encoded = percent_encode_all(URL_HOSTILE_PASSWORD);
+    let rl = client(url(&encoded));
+    let lock = rl
+        .try_acquire("hostile-password")
+        .await
+        .expect("the percent-decoded password authenticates");
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            lock_keys(&cluster).await.len() == 3
+        })
+        .await
+    );
+    rl.release(lock).await.unwrap();
+
+    // Encoding twice hands the server the once-encoded text, which is the wrong password: so
+    // the success above really depended on decoding.
+    let wrong = client(url(&percent_encode_all(&encoded)));
+    let err = wrong.try_acquire("hostile-password").await.unwrap_err();
+    assert!(err.is_quorum_unreachable(), "{err}");
+    let auth_failures = err
+        .nodes()
+        .iter()
+        .filter(|n| matches!(&n.outcome, NodeOutcome::Failed(e) if e.kind() == NodeErrorKind::Auth))
+        .count();
+    assert!(auth_failures >= 2, "{err}");
+    let shown = format!("{err} {err:?} {wrong:?}");
+    for piece in pieces(URL_HOSTILE_PASSWORD) {
+        assert!(!shown.contains(piece), "{piece:?} in {shown}");
+    }
+
+    // Raw, the password's `/`, `?` and `#` end the host part: rejected, not misread.
+    let e = Redlock::builder()
+        .nodes(url(URL_HOSTILE_PASSWORD))
+        .build()
+        .unwrap_err();
+    let text = format!("{e} {e:?}");
+    assert!(text.contains("percent-encode"), "{text}");
+    for piece in pieces(URL_HOSTILE_PASSWORD) {
+        assert!(!text.contains(piece), "{piece:?} in {text}");
+    }
+}
