@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use common::no_lock_keys_within;
 use fencing::MemoryFence;
 use redlock::{Error, Redlock, RetryPolicy};
-use redlock_testkit::{Cluster, DataOnRestart};
+use redlock_testkit::{Cluster, DataOnRestart, Persistence};
 
 fn builder(urls: Vec<String>, ttl: Duration) -> redlock::RedlockBuilder {
     Redlock::builder()
@@ -252,4 +252,140 @@ async fn renewal_repairs_a_node_that_lost_the_key() {
         guard.reason()
     );
     guard.release().await.unwrap();
+}
+
+/// Two clients of three nodes with the restart quarantine on, once the new servers' own
+/// quarantine has passed.
+async fn quarantined_pair(cluster: &Cluster, ttl: Duration) -> (Redlock, Redlock) {
+    let build = || {
+        builder(cluster.urls(), ttl)
+            .restart_quarantine(ttl)
+            .retry(RetryPolicy::once())
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (build(), build());
+    a.connect().await;
+    b.connect().await;
+    // New servers are in quarantine too (just started, identity just recorded): wait it out.
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    (a, b)
+}
+
+/// B's attempt a few times (the first request on a connection to a restarted node may still
+/// hit the old socket), stopping at a grant.
+async fn rival_attempts(b: &Redlock, resource: &str) -> Result<redlock::Lock, Error> {
+    let mut last = b.try_acquire(resource).await;
+    for _ in 0..3 {
+        if last.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        last = b.try_acquire(resource).await;
+    }
+    last
+}
+
+fn quarantined_nodes(err: &Error) -> usize {
+    err.nodes()
+        .iter()
+        .filter(|n| matches!(&n.outcome, redlock::NodeOutcome::Failed(e) if e.kind() == redlock::NodeErrorKind::Quarantined))
+        .count()
+}
+
+/// Restart quarantine against partial data loss: two nodes are restored from a backup taken
+/// before the lock existed. Their identity (and any birth record) survives, the live lock key
+/// does not — and they must not grant it again to a rival while the holder still counts on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quarantine_holds_after_a_restore_from_an_older_snapshot() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let ttl = Duration::from_secs(3);
+    let (a, b) = quarantined_pair(&cluster, ttl).await;
+    let snapshots = [
+        cluster.node(0).snapshot().await.unwrap(),
+        cluster.node(1).snapshot().await.unwrap(),
+    ];
+    let held = a.try_acquire("restored").await.expect("A acquires");
+    cluster
+        .node(0)
+        .restore_snapshot(&snapshots[0])
+        .await
+        .unwrap();
+    cluster
+        .node(1)
+        .restore_snapshot(&snapshots[1])
+        .await
+        .unwrap();
+    let rival = rival_attempts(&b, "restored").await;
+    assert!(held.is_valid(), "A's lock should still be valid");
+    let err = rival.expect_err("two holders: the restored nodes granted the live lock again");
+    assert!(quarantined_nodes(&err) >= 1, "{err}");
+}
+
+/// Restart quarantine keys on the restart, not on which data survived: nodes with AOF
+/// `everysec` killed with `kill -9` and restarted with whatever their files hold are kept out
+/// of every quorum for the quarantine, whether or not the lock key made it to disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quarantine_holds_after_kill_9_with_aof_everysec() {
+    let cluster = Cluster::builder()
+        .nodes(3)
+        .persistence(Persistence::AofEverysec)
+        .start()
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(3);
+    let (a, b) = quarantined_pair(&cluster, ttl).await;
+    let held = a.try_acquire("aof").await.expect("A acquires");
+    cluster
+        .node(0)
+        .restart(DataOnRestart::AsOnDisk)
+        .await
+        .unwrap();
+    cluster
+        .node(1)
+        .restart(DataOnRestart::AsOnDisk)
+        .await
+        .unwrap();
+    let rival = rival_attempts(&b, "aof").await;
+    assert!(held.is_valid(), "A's lock should still be valid");
+    let err = rival.expect_err("two holders after kill -9");
+    assert_eq!(
+        quarantined_nodes(&err),
+        2,
+        "both restarted nodes must be out of the quorum, whatever survived: {err}"
+    );
+}
+
+/// A lock belongs to the node list it was taken on: a client of other nodes must not guard,
+/// extend or release it (its renewals and deletes would go to the wrong servers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_of_other_nodes_cannot_guard_extend_or_release_a_lock() {
+    let cluster = Cluster::start(4).await.unwrap();
+    let urls = cluster.urls();
+    let a = builder(urls[..3].to_vec(), Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let other = builder(urls[1..].to_vec(), Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let same = builder(urls[..3].to_vec(), Duration::from_millis(700))
+        .build()
+        .unwrap();
+    let mut lock = a.acquire("foreign").await.unwrap();
+    assert!(!other.owns(&lock));
+    assert!(matches!(
+        other.extend(&mut lock).await,
+        Err(Error::ForeignLock { .. })
+    ));
+    // A client of the same nodes (whatever its own TTL) may take it over.
+    assert!(same.owns(&lock));
+    match other.guard(lock) {
+        Err(Error::ForeignLock { .. }) => {}
+        other => panic!("expected ForeignLock, got {other:?}"),
+    }
+    let lock = a.acquire("foreign-2").await.unwrap();
+    assert!(matches!(
+        other.release(lock).await,
+        Err(Error::ForeignLock { .. })
+    ));
 }
