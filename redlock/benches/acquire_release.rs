@@ -1,8 +1,8 @@
 //! Uncontended acquire + release: this crate (`redlock/N`) against a raw-protocol floor
 //! (`floor/N`) for N ∈ {1, 3, 5, 7}, all against the same spawned redis-server processes.
 //!
-//! After the criterion group, a custom section measures what criterion cannot express
-//! (DESIGN.md §6): latency percentiles at N = 5 with all nodes healthy and with one node
+//! After the criterion group, a custom section measures what criterion cannot express:
+//! latency percentiles at N = 5 with all nodes healthy and with one node
 //! paused (`SIGSTOP`), and the throughput of 64 concurrent tasks. It prints a Markdown table
 //! and writes it to `<target>/criterion/acquire_release_summary.md`.
 //!

@@ -65,10 +65,12 @@ pub struct Config {
     /// Longest a guard renews a lock; after that its lost signal fires and renewal stops.
     /// Default: [`DEFAULT_MAX_HOLD`].
     pub max_hold: Duration,
-    /// When set, a node refuses grants while its birth record is younger than this — a node
-    /// that restarted without its data (or is new) cannot hand out a lock that a live holder
-    /// still counts on. Set it to at least the longest TTL any client uses. Default: `None`
-    /// (see docs/leases.md for the trade-off).
+    /// When set, a node whose server restarted — or lost its identity record (its data) — less
+    /// than this ago counts towards no acquire quorum, whatever data it kept: a node restored
+    /// from an older snapshot, or killed with AOF `everysec`, may lack a live lock key. Learned
+    /// from `INFO server` (`uptime_in_seconds`) when a connection opens; the ACL user needs
+    /// `+info`. New servers are quarantined too. Set it to at least the longest TTL any client
+    /// uses. Default: `None` (see docs/leases.md for the trade-off).
     pub restart_quarantine: Option<Duration>,
 }
 

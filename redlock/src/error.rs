@@ -82,8 +82,8 @@ pub enum NodeErrorKind {
     Io,
     /// The server answered with an error (e.g. `WRONGTYPE`, `OOM`, `READONLY`).
     Server,
-    /// The node refused to grant because it is in its restart quarantine (it lost its data,
-    /// or is new, less than the configured quarantine ago).
+    /// The node may not grant because it is in its restart quarantine: its server restarted,
+    /// lost its data, or is new, less than the configured quarantine ago.
     Quarantined,
     /// The server's identity record is not what the client expects: it changed since the
     /// connection was opened (the data was lost), or the same server is configured twice.

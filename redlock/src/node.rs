@@ -215,7 +215,8 @@ impl RedisNode {
         F: FnOnce(Live) -> BoxFuture<'static, Result<T, NodeError>> + Send + 'static,
     {
         let mut slot = lock(&self.slot);
-        if slot.queue.is_empty()
+        if !slot.opening
+            && slot.queue.is_empty()
             && let Some(live) = &slot.live
         {
             let live = live.clone();
@@ -262,13 +263,14 @@ impl RedisNode {
                     ),
                 )),
             };
-            // Requests keep queueing while earlier ones are handed over; the connection is
-            // published for direct use only once the queue is empty.
+            // The connection counts as open at once (for request budgets), but requests keep
+            // queueing while earlier ones are handed over: it is used directly only once the
+            // queue is empty.
+            lock(&node.slot).live = result.as_ref().ok().cloned();
             loop {
                 let waiting = {
                     let mut slot = lock(&node.slot);
                     if slot.queue.is_empty() {
-                        slot.live = result.as_ref().ok().cloned();
                         slot.opening = false;
                         return;
                     }

@@ -72,6 +72,13 @@ async fn the_same_server_twice_is_a_config_error() {
     )
     .build()
     .unwrap();
+    // Connecting reads each server's identity: the second address of one server is refused.
+    let reports = rl.connect().await;
+    let refused = reports
+        .iter()
+        .filter(|r| matches!(&r.outcome, redlock::NodeOutcome::Failed(e) if e.kind() == redlock::NodeErrorKind::Identity))
+        .count();
+    assert_eq!(refused, 1, "{reports:?}");
     let got = rl.try_acquire("two-names").await;
     assert!(
         matches!(got, Err(Error::Config(_))),
