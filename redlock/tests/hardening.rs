@@ -396,3 +396,58 @@ async fn a_client_of_other_nodes_cannot_guard_extend_or_release_a_lock() {
         Err(Error::ForeignLock { .. })
     ));
 }
+
+/// A fresh process (no connection open yet) facing a majority of hung nodes — they accept
+/// connections but never answer — gets its answer within a short, documented bound: the node
+/// timeout plus at most four more while a connection is being opened (250 ms by default), not
+/// the connect timeout (1 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_client_facing_a_hung_majority_answers_within_the_documented_bound() {
+    let cluster = Cluster::start(3).await.unwrap();
+    for i in 0..2 {
+        cluster.node(i).pause();
+    }
+    let rl = Redlock::builder()
+        .nodes(cluster.urls())
+        .retry(RetryPolicy::once())
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let got = rl.try_acquire("fresh").await;
+    let took = started.elapsed();
+    for i in 0..2 {
+        cluster.node(i).resume();
+    }
+    assert!(
+        got.as_ref().is_err_and(Error::is_quorum_unreachable),
+        "{got:?}"
+    );
+    let bound = redlock::DEFAULT_NODE_TIMEOUT * 5;
+    assert!(
+        took < bound + Duration::from_millis(150),
+        "took {took:?}; documented bound {bound:?}"
+    );
+}
+
+/// Data loss without a restart (`FLUSHALL`) on a majority while a lock is held: the nodes'
+/// identity records are gone, the acquire script notices, and the nodes rejoin only as new
+/// servers after the quarantine — no second holder meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushall_on_a_majority_does_not_hand_out_a_held_lock() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let ttl = Duration::from_secs(3);
+    let (a, b) = quarantined_pair(&cluster, ttl).await;
+    let held = a.try_acquire("flushed").await.expect("A acquires");
+    for i in 0..2 {
+        let mut c = cluster.node(i).connection().await.unwrap();
+        let () = redlock_testkit::redis::cmd("FLUSHALL")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    let rival = rival_attempts(&b, "flushed").await;
+    assert!(held.is_valid(), "A's lock should still be valid");
+    let err = rival.expect_err("two holders after FLUSHALL");
+    let kinds: Vec<String> = err.nodes().iter().map(|n| n.outcome.to_string()).collect();
+    assert!(quarantined_nodes(&err) >= 1, "{kinds:?}");
+}
