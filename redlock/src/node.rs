@@ -226,6 +226,13 @@ impl RedisNode {
         let (tx, rx) = oneshot::channel();
         slot.queue
             .push_back(Box::new(move |conn: Result<Live, NodeError>| {
+                // Nobody waits for this request any more (its phase gave up on it after its
+                // budget and delivery grace): do not send it. Requests behind it were made later
+                // and are given up later, so a cleanup is not skipped while the grant it undoes
+                // is sent.
+                if tx.is_closed() {
+                    return;
+                }
                 let call = match conn {
                     Ok(live) => engine::handed_over(request(live)),
                     Err(e) => future::ready(Err(e)).boxed(),
