@@ -451,3 +451,32 @@ async fn flushall_on_a_majority_does_not_hand_out_a_held_lock() {
     let kinds: Vec<String> = err.nodes().iter().map(|n| n.outcome.to_string()).collect();
     assert!(quarantined_nodes(&err) >= 1, "{kinds:?}");
 }
+
+/// One renewal batch that cannot reach a quorum is not a loss while validity remains: a
+/// majority paused for a moment (shorter than the validity left) costs the lease nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_renewal_batch_is_retried_within_the_validity() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = builder(cluster.urls(), Duration::from_secs(3))
+        .node_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let guard = rl.guard(rl.acquire("blip").await.unwrap()).unwrap();
+    // A renewal is due about 1 s after the acquire; the majority is away from 0.8 s to 2.0 s.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    for i in 0..2 {
+        cluster.node(i).pause();
+    }
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    for i in 0..2 {
+        cluster.node(i).resume();
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !guard.is_lost(),
+        "lease lost to one failed renewal batch: {:?}",
+        guard.reason()
+    );
+    assert!(guard.remaining() > Duration::from_millis(1000));
+    guard.release().await.unwrap();
+}
