@@ -1,0 +1,197 @@
+//! Review: scenarios where the client breaks a promise of its docs, on real redis-server
+//! processes. Every test is bounded in time.
+
+mod common;
+
+use std::time::Duration;
+
+use redlock::{Redlock, RetryPolicy};
+use redlock_testkit::Cluster;
+
+fn builder(urls: Vec<String>, ttl: Duration) -> redlock::RedlockBuilder {
+    Redlock::builder()
+        .nodes(urls)
+        .ttl(ttl)
+        .node_timeout(Duration::from_millis(50))
+        .retry(
+            RetryPolicy::deadline(Duration::from_secs(3))
+                .with_delay(Duration::from_millis(20), Duration::from_millis(20)),
+        )
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The servers (and their fault proxies) live on a runtime of their own for the whole test.
+fn cluster_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A `Redlock` is `Clone + Send + Sync`; an application may use it from more than one runtime
+/// (or a runtime may shut down while a connection is being opened). The task opening a
+/// connection is dropped with its runtime; the node must not stay "opening" forever with every
+/// later request queued behind an opener that no longer exists.
+#[test]
+fn a_runtime_dropped_while_a_connection_opens_does_not_wedge_the_node() {
+    let crt = cluster_runtime();
+    let cluster = crt
+        .block_on(Cluster::builder().nodes(3).proxied(true).start())
+        .unwrap();
+    let rl = builder(cluster.urls(), Duration::from_secs(5))
+        .connect_timeout(Duration::from_secs(5))
+        .retry(RetryPolicy::once())
+        .build()
+        .unwrap();
+    for n in cluster.nodes() {
+        n.proxy().unwrap().blackhole();
+    }
+    {
+        let rt1 = runtime();
+        // The handshakes hang (blackhole); the attempt gives up after its budget while the
+        // connections are still being opened in background tasks of rt1.
+        let first = rt1.block_on(rl.try_acquire("wedge"));
+        assert!(first.is_err());
+        drop(rt1);
+    }
+    for n in cluster.nodes() {
+        n.proxy().unwrap().heal();
+    }
+    let rt2 = runtime();
+    let got = rt2.block_on(async {
+        let started = tokio::time::Instant::now();
+        let mut last = rl.try_acquire("wedge").await;
+        while last.is_err() && started.elapsed() < Duration::from_secs(8) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            last = rl.try_acquire("wedge").await;
+        }
+        last
+    });
+    assert!(
+        got.is_ok(),
+        "healthy nodes never answer again after the runtime that opened their connections died: {got:?}"
+    );
+    drop(got);
+    drop(rt2);
+    drop(cluster);
+    drop(crt);
+}
+
+/// The renewal driver is a task spawned on the runtime of the first guard. When that runtime
+/// goes away, guards made later (on another runtime) must still be renewed — or at least see
+/// their lost signal fire. Otherwise the holder keeps working on a lease that says "held" (no
+/// lost signal) while a rival acquires the expired lock.
+#[test]
+fn guards_on_a_second_runtime_are_renewed_or_told_they_are_lost() {
+    let crt = cluster_runtime();
+    let cluster = crt.block_on(Cluster::start(3)).unwrap();
+    let ttl = Duration::from_millis(600);
+    let rl = builder(cluster.urls(), ttl).build().unwrap();
+    let rival = builder(cluster.urls(), ttl)
+        .retry(RetryPolicy::once())
+        .build()
+        .unwrap();
+    let first = {
+        let rt1 = runtime();
+        let g = rt1.block_on(async { rl.guard(rl.acquire("rt-one").await.unwrap()).unwrap() });
+        drop(rt1);
+        g
+    };
+    // Outside a runtime: renewal stops, the keys expire with their TTL.
+    drop(first);
+    let rt2 = runtime();
+    let (lost_signal, rival_got_it) = rt2.block_on(async {
+        let guard = rl.guard(rl.acquire("rt-two").await.unwrap()).unwrap();
+        let lease = guard.lease();
+        // Three TTLs: renewals (every 200 ms) must keep the lock, or the signal must fire.
+        let fired = tokio::time::timeout(ttl * 3, lease.lost()).await.ok();
+        let rival_got_it = rival.try_acquire("rt-two").await.is_ok();
+        std::mem::forget(guard);
+        (fired, rival_got_it)
+    });
+    assert!(
+        !(rival_got_it && lost_signal.is_none()),
+        "two holders: the lease never signalled loss (renewal driver dead) while a rival acquired"
+    );
+    drop(rt2);
+    drop(cluster);
+    drop(crt);
+}
+
+/// `max_hold` has no upper bound in `build()`; a large value (a natural way to say "hold until
+/// I release") must not panic when a lock is guarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_max_hold_does_not_panic_in_guard() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = builder(cluster.urls(), Duration::from_secs(5))
+        .max_hold(Duration::MAX)
+        .build()
+        .expect("build accepts the max_hold");
+    let lock = rl.acquire("forever").await.unwrap();
+    let rl2 = rl.clone();
+    let guarded = tokio::spawn(async move { rl2.guard(lock).map(|g| drop(g)) }).await;
+    assert!(
+        guarded.is_ok(),
+        "guard() panicked for max_hold = Duration::MAX: {:?}",
+        guarded.err()
+    );
+}
+
+/// docs/protocol.md ("Foreign locks"): another client of the same nodes may release a lock.
+/// The cleanup/release ordering rests on "a release is queued behind the acquire it undoes",
+/// which only holds on one connection. A late grant of the taker (its acquire still in flight
+/// to a slow node when the quorum answered) can land after another client's release and leave
+/// a key that nobody owns and nobody will delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_by_another_client_does_not_leave_the_takers_late_grant_behind() {
+    let cluster = Cluster::builder()
+        .nodes(3)
+        .proxied(true)
+        .start()
+        .await
+        .unwrap();
+    let taker = builder(cluster.urls(), Duration::from_secs(20))
+        .retry(RetryPolicy::once())
+        .build()
+        .unwrap();
+    let releaser = builder(cluster.urls(), Duration::from_secs(20))
+        .retry(RetryPolicy::once())
+        .build()
+        .unwrap();
+    taker.connect().await;
+    releaser.connect().await;
+    // Node 2 is slow and its latency varies (two TCP connections through it do not keep
+    // each other's order).
+    cluster
+        .node(2)
+        .proxy()
+        .unwrap()
+        .set_delay(Duration::from_millis(150), Duration::from_millis(150));
+    let mut left_behind = Vec::new();
+    for i in 0..16 {
+        let resource = format!("foreign-{i}");
+        let Ok(lock) = taker.try_acquire(&resource).await else {
+            continue;
+        };
+        assert!(releaser.owns(&lock));
+        releaser.release(lock).await.expect("release at quorum");
+        // Let everything in flight through node 2 land.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        if let Some(v) = common::get(&cluster, 2, &format!("redlock:lock:{resource}")).await {
+            left_behind.push((resource, v));
+        }
+    }
+    assert!(
+        left_behind.is_empty(),
+        "{} released locks left their key on node 2 (it lives for the TTL, owned by nobody): {:?}",
+        left_behind.len(),
+        left_behind.first()
+    );
+}
