@@ -30,6 +30,8 @@ pub(crate) struct Core<B> {
     pub(crate) backend: Arc<B>,
     /// The node list this client talks to; a lock remembers the one it was taken on.
     pub(crate) origin: Arc<str>,
+    /// This client instance (shared by its clones); a lock remembers the one that took it.
+    pub(crate) instance: u64,
     lock_prefix: String,
     channel_prefix: String,
     pub(crate) renewals: Arc<Renewals>,
@@ -40,8 +42,10 @@ impl<B: Backend> Core<B> {
     pub(crate) fn new(config: Config, backend: B, waiters: Option<Waiters>) -> Self {
         let p = &config.key_prefix;
         let origin: Vec<&str> = (0..backend.len()).map(|i| &**backend.name(i)).collect();
+        static INSTANCES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Self {
             origin: origin.join(",").into(),
+            instance: INSTANCES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             lock_prefix: format!("{p}lock:"),
             channel_prefix: format!("{p}release:"),
             config,
@@ -77,6 +81,35 @@ impl<B: Backend> Core<B> {
             Some(e) => Err(Error::Config(e)),
             None => Ok(()),
         }
+    }
+
+    /// Repeats an owner-checked delete (without wake-ups) once the taker's late grants must
+    /// have landed: after five node timeouts (the longest budget of a request that waited for
+    /// a connection), and again after the delivery grace on top of that.
+    fn release_again_later(&self, keys: &Names, token: &Token) {
+        let op = Arc::new(Op::Release {
+            keys: Arc::clone(keys),
+            token: token.clone(),
+            channels: Arc::from(Vec::<String>::new()),
+        });
+        let backend = Arc::clone(&self.backend);
+        let first = self.config.node_timeout * 5;
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        rt.spawn(async move {
+            for wait in [first, engine::DELIVERY_GRACE] {
+                tokio::time::sleep(wait).await;
+                let mut phase = Phase::start(
+                    &backend,
+                    PhaseName::Release,
+                    Arc::clone(&op),
+                    Goal::NoQuorumLeft,
+                    None,
+                );
+                let _ = phase.decided().await;
+            }
+        });
     }
 
     /// Fails for a lock taken by a client of other nodes.
@@ -204,6 +237,7 @@ impl<B: Backend> Core<B> {
             valid_until: Deadline::after(started, elapsed + left),
             claims,
             origin: Arc::clone(&self.origin),
+            taker: self.instance,
         })
     }
 
@@ -344,16 +378,24 @@ impl<B: Backend> Core<B> {
 
     pub(crate) async fn release(&self, lock: Lock) -> Result<ReleaseReport, Error> {
         self.owns(&lock.origin)?;
-        self.release_parts(&lock.resources, &lock.keys, &lock.token)
+        self.release_parts(&lock.resources, &lock.keys, &lock.token, lock.taker)
             .await
     }
 
+    /// Owner-checked delete on every node. `taker` is the client instance that took the lock:
+    /// when it is another one, its requests travel on other connections, so one of its late
+    /// grants (still in flight to a slow node) can land after this release; the delete is
+    /// then repeated in the background, after the longest time such a grant can be in flight.
     pub(crate) async fn release_parts(
         &self,
         resources: &Names,
         keys: &Names,
         token: &Token,
+        taker: u64,
     ) -> Result<ReleaseReport, Error> {
+        if taker != self.instance {
+            self.release_again_later(keys, token);
+        }
         let span =
             tracing::debug_span!("redlock.release", resources = ?&**resources, token = %token);
         async {
@@ -484,7 +526,9 @@ impl Redlock {
     ///
     /// # Cancel safety
     /// Dropping the future abandons the attempt in flight: grants that arrive (or have arrived)
-    /// are released in the background, so keys live no longer than one node round trip more.
+    /// are released in the background, so keys live no longer than one node round trip more —
+    /// or, for a request that was waiting for a connection being opened, until that connection
+    /// is open (at most the connect timeout), when the release follows it.
     pub async fn acquire(&self, resource: &str) -> Result<Lock, Error> {
         self.core
             .acquire(vec![resource.to_owned()], &self.core.config.retry, None)

@@ -57,6 +57,8 @@ pub(crate) struct Held {
     pub(crate) keys: Arc<[String]>,
     pub(crate) token: Token,
     pub(crate) ttl: Duration,
+    /// The client instance that took the lock.
+    taker: u64,
     /// How often this lock is renewed (from its own TTL).
     every: Duration,
     claims: Vec<Claim>,
@@ -272,7 +274,7 @@ impl<B: Backend> Releaser for Core<B> {
         held: Arc<Held>,
     ) -> futures_util::future::BoxFuture<'_, Result<crate::ReleaseReport, Error>> {
         Box::pin(async move {
-            self.release_parts(&held.resources, &held.keys, &held.token)
+            self.release_parts(&held.resources, &held.keys, &held.token, held.taker)
                 .await
         })
     }
@@ -345,10 +347,11 @@ impl<B: Backend> Core<B> {
             keys: lock.keys,
             token: lock.token,
             ttl: lock.ttl,
+            taker: lock.taker,
             every,
             claims: lock.claims,
             valid_until: Mutex::new(lock.valid_until),
-            hold_until: now + self.config.max_hold,
+            hold_until: crate::lock::far_after(now, self.config.max_hold),
             lost: CancellationToken::new(),
             reason: OnceLock::new(),
             done: Mutex::new(false),
@@ -360,7 +363,13 @@ impl<B: Backend> Core<B> {
             !std::mem::replace(&mut st.running, true)
         };
         if start {
-            tokio::spawn(drive(Arc::downgrade(self)));
+            // The flag travels with the task: if the task is dropped — even before it first
+            // runs, when its runtime shuts down — the next guard starts a new driver.
+            let running = DriverRunning {
+                renewals: Arc::clone(&self.renewals),
+                stopped: false,
+            };
+            tokio::spawn(drive(Arc::downgrade(self), running));
         } else {
             self.renewals.wake.notify_one();
         }
@@ -376,10 +385,13 @@ impl<B: Backend> Core<B> {
 /// signal of locks past their validity or max hold, and renews every lock due within the next
 /// tick in one batched call per node (in a spawned task, so a slow node cannot delay the
 /// expiry checks).
-async fn drive<B: Backend>(core: Weak<Core<B>>) {
+async fn drive<B: Backend>(core: Weak<Core<B>>, mut running: DriverRunning) {
     let epoch = Instant::now();
     loop {
-        let Some(core) = core.upgrade() else { return };
+        let Some(core) = core.upgrade() else {
+            running.stop();
+            return;
+        };
         let now = Instant::now();
         let mut due = Vec::new();
         let wake_at = {
@@ -406,6 +418,8 @@ async fn drive<B: Backend>(core: Weak<Core<B>>) {
             let Some(shortest) = shortest else {
                 st.due.clear();
                 st.running = false;
+                drop(st);
+                running.disarm();
                 return;
             };
             // Renewals run on tick boundaries only, each taking everything due before the tick
@@ -435,6 +449,34 @@ async fn drive<B: Backend>(core: Weak<Core<B>>) {
         tokio::select! {
             () = wake => {}
             () = tokio::time::sleep_until(wake_at) => {}
+        }
+    }
+}
+
+/// Marks the renewal driver as gone when its task ends without saying so itself — dropped with
+/// its runtime — so that the next `guard()` starts a new one instead of waking nobody.
+struct DriverRunning {
+    renewals: Arc<Renewals>,
+    stopped: bool,
+}
+
+impl DriverRunning {
+    /// The driver cleared the flag itself (under the state lock); nothing to undo.
+    fn disarm(&mut self) {
+        self.stopped = true;
+    }
+
+    /// The driver ends now: clear the flag.
+    fn stop(&mut self) {
+        self.renewals.lock().running = false;
+        self.stopped = true;
+    }
+}
+
+impl Drop for DriverRunning {
+    fn drop(&mut self) {
+        if !self.stopped {
+            self.renewals.lock().running = false;
         }
     }
 }

@@ -67,6 +67,14 @@ impl Deadline {
     }
 }
 
+/// `now + d`, or a time a century away when that does not fit (`Duration::MAX` as "forever").
+pub(crate) fn far_after(now: Instant, d: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    now.checked_add(d.min(CENTURY))
+        .or_else(|| now.checked_add(Duration::from_secs(365 * 24 * 3600)))
+        .unwrap_or(now)
+}
+
 /// Time since boot including suspended time (`CLOCK_BOOTTIME`), where the platform has it.
 #[cfg(any(target_os = "linux", target_os = "android"))]
 fn boot_now() -> Option<Duration> {
@@ -121,6 +129,8 @@ pub struct Lock {
     pub(crate) claims: Vec<Claim>,
     /// The node list of the client that took it.
     pub(crate) origin: Arc<str>,
+    /// The client instance that took it.
+    pub(crate) taker: u64,
 }
 
 impl std::fmt::Debug for Lock {

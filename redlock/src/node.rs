@@ -113,6 +113,40 @@ struct Slot {
     opening: bool,
 }
 
+/// The task opening a node's connection. If it ends without finishing — its runtime shut down,
+/// or there was none — the node is marked "not opening" again and the waiting requests fail,
+/// so the next request starts a new opening instead of queueing behind one that is gone.
+struct Opener {
+    node: Arc<RedisNode>,
+    finished: bool,
+}
+
+impl Opener {
+    /// The opening is over and the queue handed over; nothing to undo.
+    fn finish(&mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for Opener {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let stranded: Vec<Deferred> = {
+            let mut slot = lock(&self.node.slot);
+            slot.opening = false;
+            slot.queue.drain(..).collect()
+        };
+        for request in stranded {
+            request(Err(NodeError::new(
+                NodeErrorKind::Connect,
+                "the task opening the connection ended (its runtime shut down) before it was open",
+            )));
+        }
+    }
+}
+
 /// One Redis master. Its connection is opened in the background, once for all callers, and a
 /// request waits for it only within its own budget; requests are handed to the connection in
 /// the order they were made, also while it is being opened.
@@ -258,8 +292,13 @@ impl RedisNode {
 
     /// Opens the connection in a background task, then hands the waiting requests over.
     fn spawn_open(self: &Arc<Self>) {
-        let node = Arc::clone(self);
+        let opener = Opener {
+            node: Arc::clone(self),
+            finished: false,
+        };
         let open = async move {
+            let mut opener = opener;
+            let node = Arc::clone(&opener.node);
             let result = match tokio::time::timeout(node.connect_timeout, node.handshake()).await {
                 Ok(result) => result,
                 Err(_) => Err(NodeError::new(
@@ -279,6 +318,7 @@ impl RedisNode {
                     let mut slot = lock(&node.slot);
                     if slot.queue.is_empty() {
                         slot.opening = false;
+                        opener.finish();
                         return;
                     }
                     std::mem::take(&mut slot.queue)
@@ -290,19 +330,8 @@ impl RedisNode {
         };
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => drop(rt.spawn(open)),
-            Err(_) => {
-                let failed: Vec<Deferred> = {
-                    let mut slot = lock(&self.slot);
-                    slot.opening = false;
-                    slot.queue.drain(..).collect()
-                };
-                for request in failed {
-                    request(Err(NodeError::new(
-                        NodeErrorKind::Connect,
-                        "no tokio runtime to open the connection in",
-                    )));
-                }
-            }
+            // Dropping the future fails the queued requests (see `Opener`).
+            Err(_) => drop(open),
         }
     }
 
@@ -389,7 +418,8 @@ impl RedisNode {
                 if let (Some(created), Ok(now)) = (created_ms, now_ms.parse::<u64>()) {
                     age = age.min(Duration::from_millis(now.saturating_sub(created)));
                 }
-                q.checked_sub(age).map(|left| Instant::now() + left)
+                q.checked_sub(age)
+                    .map(|left| crate::lock::far_after(Instant::now(), left))
             }
         };
         self.identities
