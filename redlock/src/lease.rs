@@ -427,7 +427,11 @@ async fn drive<B: Backend>(core: Weak<Core<B>>, mut running: DriverRunning) {
             // a node sees one batch per tick. The tick follows the shortest renewal interval.
             let tick = tick(shortest);
             let ticks = (now - epoch).as_nanos() / tick.as_nanos().max(1) + 1;
-            let tick_end = epoch + tick * u32::try_from(ticks).unwrap_or(u32::MAX);
+            // In nanoseconds: a `u32` count of 5 ms ticks would run out after 248 days.
+            let tick_end = epoch
+                + Duration::from_nanos(
+                    u64::try_from(ticks.saturating_mul(tick.as_nanos())).unwrap_or(u64::MAX),
+                );
             while let Some(Reverse((at, id))) = st.due.peek().copied() {
                 if at > tick_end {
                     break;
