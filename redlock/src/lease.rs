@@ -293,6 +293,8 @@ struct RenewState {
     entries: HashMap<u64, Arc<Held>>,
     due: BinaryHeap<Reverse<(Instant, u64)>>,
     running: bool,
+    /// When the driver will look again by itself; a new lock due later need not wake it.
+    next_wake: Option<Instant>,
 }
 
 impl Renewals {
@@ -356,11 +358,14 @@ impl<B: Backend> Core<B> {
             reason: OnceLock::new(),
             done: Mutex::new(false),
         });
-        let start = {
+        let (start, wake) = {
             let mut st = self.renewals.lock();
             st.entries.insert(held.id, Arc::clone(&held));
             st.due.push(Reverse((due, held.id)));
-            !std::mem::replace(&mut st.running, true)
+            // Waking the driver costs a pass over every held lock: only when it would otherwise
+            // look too late (a burst of 20,000 guards made that quadratic).
+            let wake = st.next_wake.is_none_or(|w| due < w);
+            (!std::mem::replace(&mut st.running, true), wake)
         };
         if start {
             // The flag travels with the task: if the task is dropped — even before it first
@@ -370,7 +375,7 @@ impl<B: Backend> Core<B> {
                 stopped: false,
             };
             tokio::spawn(drive(Arc::downgrade(self), running));
-        } else {
+        } else if wake {
             self.renewals.wake.notify_one();
         }
         LockGuard {
@@ -392,7 +397,8 @@ async fn drive<B: Backend>(core: Weak<Core<B>>, mut running: DriverRunning) {
             running.stop();
             return;
         };
-        let now = Instant::now();
+        // One reading of the clocks for every lock: the driver checks all of them per wake.
+        let (now, boot) = Deadline::clocks();
         let mut due = Vec::new();
         let wake_at = {
             let mut st = core.renewals.lock();
@@ -406,11 +412,15 @@ async fn drive<B: Backend>(core: Weak<Core<B>>, mut running: DriverRunning) {
                     held.fire(LostReason::MaxHold);
                     return false;
                 }
-                if held.check_lost() {
+                if held.lost.is_cancelled() {
                     return false;
                 }
-                let valid_until = held.valid_until().instant();
-                let soonest = valid_until.min(held.hold_until);
+                let valid_until = held.valid_until();
+                if valid_until.remaining_at(now, boot).is_zero() {
+                    held.fire(LostReason::Expired);
+                    return false;
+                }
+                let soonest = valid_until.mono().min(held.hold_until);
                 wake_at = Some(wake_at.map_or(soonest, |w| w.min(soonest)));
                 shortest = Some(shortest.map_or(held.every, |s| s.min(held.every)));
                 true
@@ -418,6 +428,7 @@ async fn drive<B: Backend>(core: Weak<Core<B>>, mut running: DriverRunning) {
             let Some(shortest) = shortest else {
                 st.due.clear();
                 st.running = false;
+                st.next_wake = None;
                 drop(st);
                 running.disarm();
                 return;
@@ -441,7 +452,9 @@ async fn drive<B: Backend>(core: Weak<Core<B>>, mut running: DriverRunning) {
                     due.push(Arc::clone(held));
                 }
             }
-            wake_at.map_or(tick_end, |w| w.min(tick_end))
+            let wake = wake_at.map_or(tick_end, |w| w.min(tick_end));
+            st.next_wake = Some(wake);
+            wake
         };
         if !due.is_empty() {
             let c = Arc::clone(&core);

@@ -41,11 +41,27 @@ impl Deadline {
 
     /// Validity left now: the smaller of what the two clocks say.
     pub(crate) fn remaining(&self) -> Duration {
-        let mono = self.mono.saturating_duration_since(Instant::now());
-        match (self.boot, boot_now()) {
+        let (now, boot) = Self::clocks();
+        self.remaining_at(now, boot)
+    }
+
+    /// Both clocks read once, for checking many deadlines against the same moment.
+    pub(crate) fn clocks() -> (Instant, Option<Duration>) {
+        (Instant::now(), boot_now())
+    }
+
+    /// Validity left at the moment `clocks()` returned `(now, boot)`.
+    pub(crate) fn remaining_at(&self, now: Instant, boot: Option<Duration>) -> Duration {
+        let mono = self.mono.saturating_duration_since(now);
+        match (self.boot, boot) {
             (Some(deadline), Some(now)) => mono.min(deadline.saturating_sub(now)),
             _ => mono,
         }
+    }
+
+    /// The deadline on the monotonic clock alone.
+    pub(crate) fn mono(&self) -> Instant {
+        self.mono
     }
 
     /// Whether no validity is left.
