@@ -298,8 +298,11 @@ pub(crate) async fn held(
                     }
                     Client::Rslock(lm) => {
                         let done = Arc::clone(&acquired);
+                        let ran = Arc::new(AtomicBool::new(false));
+                        let ran_inside = Arc::clone(&ran);
                         let out = lm
                             .using(resource.as_bytes(), ttl, async move || {
+                                ran_inside.store(true, Ordering::Relaxed);
                                 drop(permit);
                                 done.fetch_add(1, Ordering::Relaxed);
                                 let _ = stop.wait_for(|s| *s).await;
@@ -307,6 +310,13 @@ pub(crate) async fn held(
                                 let _ = release.wait_for(|r| *r).await;
                             })
                             .await;
+                        if !ran.load(Ordering::Relaxed) {
+                            // `using` could not acquire: the work never ran. Counted as a failed
+                            // acquisition, as for this crate (without this the harness waited
+                            // for it forever).
+                            failed.fetch_add(1, Ordering::Relaxed);
+                            return 0;
+                        }
                         // `using` returns an error when a renewal failed (lock lost).
                         u64::from(out.is_err())
                     }
