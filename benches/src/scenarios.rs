@@ -299,17 +299,28 @@ pub(crate) async fn held(
                     Client::Rslock(lm) => {
                         let done = Arc::clone(&acquired);
                         let ran = Arc::new(AtomicBool::new(false));
-                        let ran_inside = Arc::clone(&ran);
+                        let reported = Arc::new(AtomicBool::new(false));
+                        let (ran_inside, reported_inside, checked_inside) = (
+                            Arc::clone(&ran),
+                            Arc::clone(&reported),
+                            Arc::clone(&checked),
+                        );
                         let out = lm
                             .using(resource.as_bytes(), ttl, async move || {
                                 ran_inside.store(true, Ordering::Relaxed);
                                 drop(permit);
                                 done.fetch_add(1, Ordering::Relaxed);
                                 let _ = stop.wait_for(|s| *s).await;
-                                checked.fetch_add(1, Ordering::Relaxed);
+                                reported_inside.store(true, Ordering::Relaxed);
+                                checked_inside.fetch_add(1, Ordering::Relaxed);
                                 let _ = release.wait_for(|r| *r).await;
                             })
                             .await;
+                        if ran.load(Ordering::Relaxed) && !reported.load(Ordering::Relaxed) {
+                            // A failed extension dropped the work before it reported: report
+                            // for it, or the harness would wait for it forever.
+                            checked.fetch_add(1, Ordering::Relaxed);
+                        }
                         if !ran.load(Ordering::Relaxed) {
                             // `using` could not acquire: the work never ran. Counted as a failed
                             // acquisition, as for this crate (without this the harness waited
