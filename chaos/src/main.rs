@@ -1,0 +1,3 @@
+//! The `redlock-chaos` command.
+
+fn main() {}
