@@ -147,12 +147,13 @@ struct Window<'a> {
     acquire: &'a Op,
 }
 
-/// Mutual exclusion: no two clients' claimed validity windows on one resource overlap.
+/// Mutual exclusion: no two holders' (client tasks') claimed validity windows on one resource
+/// overlap.
 pub fn mutual_exclusion(ops: &[Op], guaranteed: bool) -> Verdict {
     let mut v = Verdict::new("mutual exclusion", guaranteed);
-    let mut ends: HashMap<(u32, u32, u64), &Op> = HashMap::new();
+    let mut ends: HashMap<(u32, u32, u32, u64), &Op> = HashMap::new();
     for op in ops.iter().filter(|o| o.kind == Kind::Release) {
-        ends.insert((op.client, op.resource, op.hold), op);
+        ends.insert((op.client, op.task, op.resource, op.hold), op);
     }
     let mut windows: HashMap<u32, Vec<Window<'_>>> = HashMap::new();
     for op in ops
@@ -162,7 +163,7 @@ pub fn mutual_exclusion(ops: &[Op], guaranteed: bool) -> Verdict {
         let Some(valid) = op.valid_until else {
             continue;
         };
-        let end = match ends.get(&(op.client, op.resource, op.hold)) {
+        let end = match ends.get(&(op.client, op.task, op.resource, op.hold)) {
             Some(rel) => rel.invoke.min(rel.valid_until.unwrap_or(valid)),
             None => valid,
         };
@@ -181,19 +182,20 @@ pub fn mutual_exclusion(ops: &[Op], guaranteed: bool) -> Verdict {
         ws.sort_by_key(|w| (w.start, w.end));
         let mut latest: Option<Window<'_>> = None;
         for w in ws.iter() {
-            if let Some(l) = latest {
-                if w.start < l.end && w.acquire.client != l.acquire.client {
-                    v.found(|| {
-                        format!(
-                            "two holders of r{r} for {:.3} ms:\n    {} (claimed until {:.3} ms)\n    {} (claimed until {:.3} ms)",
-                            (l.end.min(w.end) - w.start) as f64 / 1e6,
-                            l.acquire.describe(),
-                            l.end as f64 / 1e6,
-                            w.acquire.describe(),
-                            w.end as f64 / 1e6,
-                        )
-                    });
-                }
+            if let Some(l) = latest
+                && w.start < l.end
+                && (w.acquire.client, w.acquire.task) != (l.acquire.client, l.acquire.task)
+            {
+                v.found(|| {
+                    format!(
+                        "two holders of r{r} for {:.3} ms:\n    {} (claimed until {:.3} ms)\n    {} (claimed until {:.3} ms)",
+                        (l.end.min(w.end) - w.start) as f64 / 1e6,
+                        l.acquire.describe(),
+                        l.end as f64 / 1e6,
+                        w.acquire.describe(),
+                        w.end as f64 / 1e6,
+                    )
+                });
             }
             if latest.is_none_or(|l| w.end > l.end) {
                 latest = Some(*w);
@@ -352,6 +354,7 @@ mod tests {
     fn op(client: u32, hold: u64, kind: Kind, outcome: Outcome, invoke: u64, complete: u64) -> Op {
         Op {
             client,
+            task: 0,
             resource: 0,
             hold,
             kind,

@@ -32,6 +32,12 @@ pub struct TokioClock {
     origin: tokio::time::Instant,
 }
 
+impl Default for TokioClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl TokioClock {
     /// A clock whose origin is now.
     pub fn new() -> Self {
@@ -74,11 +80,13 @@ pub enum Outcome {
 /// One operation, invoked and completed.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Op {
-    /// Client number.
+    /// Client number (one `Redlock`, one runtime or process).
     pub client: u32,
+    /// The client's task doing the operation: each task is a separate holder.
+    pub task: u32,
     /// Resource number.
     pub resource: u32,
-    /// The client's hold this operation belongs to (counts the client's acquisitions).
+    /// The task's hold this operation belongs to (counts the task's acquisitions).
     pub hold: u64,
     /// What it does.
     pub kind: Kind,
@@ -111,8 +119,9 @@ impl Op {
     pub fn describe(&self) -> String {
         let ms = |ns: u64| ns as f64 / 1e6;
         let mut s = format!(
-            "client {} hold {} {:?} r{} {:?} [{:.3} ms → {:.3} ms]",
+            "client {}.{} hold {} {:?} r{} {:?} [{:.3} ms → {:.3} ms]",
             self.client,
+            self.task,
             self.hold,
             self.kind,
             self.resource,

@@ -12,3 +12,10 @@
 pub mod check;
 pub mod history;
 pub mod nemesis;
+pub mod options;
+pub mod procs;
+pub mod real;
+pub mod real_faults;
+pub mod registers;
+pub mod report;
+pub mod workload;
