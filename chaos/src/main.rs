@@ -104,9 +104,6 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Worker { args }) => worker(&args),
-        Some(Command::Sim(args)) => {
-            sim::main(sim_settings(&args), args.seeds, args.threads, args.json)
-        }
         None => run(cli.run),
     }
 }
