@@ -177,10 +177,13 @@ impl<B: Backend> Core<B> {
             ttl_ms: self.ttl_ms(ttl),
             rearm,
         });
+        // The cleanup of a failed attempt publishes nothing: the holder still holds the lock,
+        // and a wake-up would send every waiter (this one too) into an attempt failing the same
+        // way, spending their retry policies in a few round trips.
         let cleanup = Arc::new(Op::Release {
             keys: Arc::clone(keys),
             token: token.clone(),
-            channels: self.channels(resources),
+            channels: Arc::from(Vec::<String>::new()),
         });
         let mut phase = Phase::start(
             &self.backend,

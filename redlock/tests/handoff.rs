@@ -230,3 +230,51 @@ async fn dropped_clients_close_their_subscription_connections() {
     .await;
     assert!(closed, "subscription connections outlived their clients");
 }
+
+/// The cleanup of a failed attempt (it got a grant on a node the holder's lock is missing from)
+/// must not publish a release: that wakes every waiter — this client's own among them — into an
+/// attempt that fails the same way, so waiters spend their whole retry policy in a few round
+/// trips instead of waiting for the holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_attempts_do_not_wake_waiters_into_spending_their_retries() {
+    let cluster = Cluster::start(5).await.expect("cluster");
+    let holder = client(&cluster);
+    let lock = holder.acquire("one-node-free").await.expect("free");
+    // Node 4 lost the key (as if it had been down when the lock was taken): every contender's
+    // attempt is granted there, and its cleanup deletes the grant again.
+    let mut conn = cluster.node(4).connection().await.expect("node 4");
+    let deleted: u32 = redlock_testkit::redis::cmd("DEL")
+        .arg(format!("{}lock:one-node-free", redlock::DEFAULT_KEY_PREFIX))
+        .query_async(&mut conn)
+        .await
+        .expect("DEL");
+    assert_eq!(deleted, 1);
+    let delay = Duration::from_millis(200);
+    let contender = Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(10))
+        .node_timeout(NODE_TIMEOUT)
+        .retry(RetryPolicy::attempts(5).with_delay(delay, Duration::ZERO))
+        .build()
+        .expect("valid config");
+    let published = cluster.node(4).command_calls("publish").await;
+    let started = Instant::now();
+    let err = contender
+        .acquire("one-node-free")
+        .await
+        .expect_err("the lock is held");
+    let waited = started.elapsed();
+    let notifications = cluster.node(4).command_calls("publish").await - published;
+    assert!(err.is_busy(), "{err}");
+    assert_eq!(
+        notifications, 0,
+        "failed attempts published {notifications} release notifications (gave up after {waited:?})"
+    );
+    // Five attempts: the second right after subscribing (the holder may have left meanwhile),
+    // then three pauses of the retry delay that nothing may cut short.
+    assert!(
+        waited >= delay * 3,
+        "gave up after {waited:?}, before the policy's three pauses of {delay:?}"
+    );
+    holder.release(lock).await.expect("release");
+}
