@@ -18,4 +18,5 @@ pub mod real;
 pub mod real_faults;
 pub mod registers;
 pub mod report;
+pub mod sim;
 pub mod workload;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use redlock_chaos::options::{FenceBackend, Settings, parse_duration, parse_nemesis};
 use redlock_chaos::report::{self, Outcomes, Summary};
-use redlock_chaos::{procs, real};
+use redlock_chaos::{procs, real, sim};
 
 /// A Jepsen-style checker for the Redlock client: clients contend for resources and
 /// read-modify-write a fenced register per resource while faults are injected, then checkers
@@ -26,6 +26,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Many short seeded histories against simulated nodes on a paused clock.
+    Sim(SimArgs),
     /// One client of a `--processes` run (started by the parent).
     #[command(hide = true)]
     Worker {
@@ -84,6 +86,52 @@ struct RunArgs {
     json: Option<PathBuf>,
 }
 
+#[derive(Debug, clap::Args)]
+struct SimArgs {
+    /// Number of seeded histories.
+    #[arg(long, default_value_t = 10_000)]
+    seeds: u64,
+    /// First seed; history i uses seed + i. Replay a failing seed with `--seeds 1 --seed S`.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Simulated length of each history.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Faults, as for a real run.
+    #[arg(long, default_value = "mixed", value_parser = parse_nemesis)]
+    nemesis: std::vec::Vec<redlock_chaos::nemesis::Kind>,
+    /// Lock nodes.
+    #[arg(long, default_value_t = 5)]
+    nodes: usize,
+    /// Clients.
+    #[arg(long, default_value_t = 5)]
+    clients: usize,
+    /// Concurrent holders (tasks) per client.
+    #[arg(long, default_value_t = 1)]
+    tasks: u32,
+    /// Resources.
+    #[arg(long, default_value_t = 3)]
+    resources: u32,
+    /// Negative control: plain writes.
+    #[arg(long)]
+    no_fencing: bool,
+    /// Negative control: no restart quarantine.
+    #[arg(long)]
+    no_quarantine: bool,
+    /// The client's drift factor.
+    #[arg(long, default_value_t = redlock::DEFAULT_DRIFT_FACTOR)]
+    drift_factor: f64,
+    /// The lock's TTL.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    ttl: Duration,
+    /// Threads running histories.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Write the summary of every failing (or, for a control, every clean) seed as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
 fn parse_fence(s: &str) -> Result<FenceBackend, String> {
     FenceBackend::parse(s).ok_or_else(|| format!("unknown fence `{s}`: memory, redis or pg"))
 }
@@ -104,7 +152,29 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Worker { args }) => worker(&args),
+        Some(Command::Sim(args)) => {
+            sim::main(sim_settings(&args), args.seeds, args.threads, args.json)
+        }
         None => run(cli.run),
+    }
+}
+
+fn sim_settings(a: &SimArgs) -> Settings {
+    Settings {
+        seed: a.seed,
+        duration: a.duration,
+        nodes: a.nodes,
+        clients: a.clients,
+        tasks: a.tasks,
+        resources: a.resources,
+        nemesis: a.nemesis.clone(),
+        fence: FenceBackend::Memory,
+        fencing: !a.no_fencing,
+        quarantine: !a.no_quarantine,
+        drift_factor: a.drift_factor,
+        ttl: a.ttl,
+        jump: None,
+        processes: false,
     }
 }
 

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use redlock::{DEFAULT_KEY_PREFIX, Redlock};
+use redlock::{DEFAULT_KEY_PREFIX, Redlock, RedlockBuilder};
 use redlock_testkit::{Cluster, Persistence, PgServer, RedisNode};
 
 use crate::check::Leftovers;
@@ -85,17 +85,24 @@ impl Servers {
     }
 }
 
-/// Builds one client's `Redlock` on the lock nodes (through their fault proxies).
-pub(crate) fn redlock(settings: &Settings, urls: &[String]) -> Result<Redlock, String> {
-    let mut b = Redlock::builder()
-        .nodes(urls.iter().cloned())
+/// A client configured for the run (nodes still to be set).
+pub(crate) fn builder(settings: &Settings) -> RedlockBuilder {
+    let b = Redlock::builder()
         .ttl(settings.ttl)
         .drift_factor(settings.drift_factor)
         .max_hold(Duration::from_secs(3600));
-    if let Some(q) = settings.quarantine_time() {
-        b = b.restart_quarantine(q);
+    match settings.quarantine_time() {
+        Some(q) => b.restart_quarantine(q),
+        None => b,
     }
-    b.build().map_err(|e| format!("building the client: {e}"))
+}
+
+/// Builds one client's `Redlock` on the lock nodes (through their fault proxies).
+pub(crate) fn redlock(settings: &Settings, urls: &[String]) -> Result<Redlock, String> {
+    builder(settings)
+        .nodes(urls.iter().cloned())
+        .build()
+        .map_err(|e| format!("building the client: {e}"))
 }
 
 /// Creates the nodes' identity records and waits out the restart quarantine of the freshly

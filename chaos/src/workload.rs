@@ -205,6 +205,8 @@ impl Holder<'_> {
                         error: Some(error_kind(&e)),
                         ..base
                     });
+                    // Back off before trying again, as an application would.
+                    tokio::time::sleep(Duration::from_millis(rng.random_range(10..50))).await;
                     continue;
                 }
             };
@@ -230,6 +232,8 @@ impl Holder<'_> {
                 let lease = guard.lease();
                 record(write().await);
                 tokio::select! {
+                    // Polled in order, so simulated runs stay deterministic.
+                    biased;
                     () = tokio::time::sleep(plan.hold) => {}
                     _ = lease.lost() => {}
                 }

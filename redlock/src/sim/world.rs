@@ -556,6 +556,13 @@ pub(crate) struct Inner {
     pub(crate) wake: Arc<Notify>,
 }
 
+impl Drop for Inner {
+    /// Lets the network task see that the nodes are gone and end.
+    fn drop(&mut self) {
+        self.wake.notify_one();
+    }
+}
+
 fn closed() -> NodeError {
     NodeError::new(
         NodeErrorKind::Io,
