@@ -9,7 +9,7 @@ mod proxy;
 
 pub use cluster::{Cluster, ClusterBuilder, DEFAULT_NODES};
 pub use config::{DataOnRestart, Persistence, TlsFiles};
-pub use node::{RedisNode, Snapshot};
+pub use node::{DebugSleep, RedisNode, Snapshot};
 pub use pg::{PgServer, tokio_postgres};
 pub use proxy::FaultProxy;
 /// The workspace's `redis` crate, so tests use the same version as the testkit.
