@@ -1,12 +1,14 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+mod clock;
 mod cluster;
 mod config;
 mod node;
 mod pg;
 mod proxy;
 
+pub use clock::FakeClockUnavailable;
 pub use cluster::{Cluster, ClusterBuilder, DEFAULT_NODES};
 pub use config::{DataOnRestart, Persistence, TlsFiles};
 pub use node::{DebugSleep, RedisNode, Snapshot};

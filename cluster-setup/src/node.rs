@@ -20,6 +20,7 @@ use tempfile::TempDir;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
+use crate::clock::{CLOCK_FILE, CLOCK_FILE_ENV, ClockFile};
 use crate::config::{DataOnRestart, NodeConfig, Persistence};
 use crate::proxy::FaultProxy;
 
@@ -59,6 +60,8 @@ pub struct RedisNode {
     proxy: Option<FaultProxy>,
     /// Snapshots taken so far, to name the next one.
     snapshots: AtomicU64,
+    /// The offset file of a node with a fake clock.
+    clock: Option<Mutex<ClockFile>>,
     // Declared last so it is deleted after the process is gone (see `Drop`).
     dir: TempDir,
 }
@@ -78,6 +81,10 @@ impl RedisNode {
             let dir = tempfile::Builder::new()
                 .prefix("redlock-testkit-")
                 .tempdir()?;
+            let clock = match config.clock_lib {
+                Some(_) => Some(Mutex::new(ClockFile::create(&dir.path().join(CLOCK_FILE))?)),
+                None => None,
+            };
             let mut node = RedisNode {
                 config: Arc::clone(&config),
                 port,
@@ -85,6 +92,7 @@ impl RedisNode {
                 child: Mutex::new(None),
                 proxy: None,
                 snapshots: AtomicU64::new(0),
+                clock,
                 dir,
             };
             match node.spawn_and_wait(Start::AsConfigured).await {
@@ -337,6 +345,48 @@ impl RedisNode {
         .await;
         info.map(|info| parse_command_calls(&info, command))
             .unwrap_or(0)
+    }
+
+    /// Steps this node's realtime clock by `delta_ms` milliseconds (negative: back), on top
+    /// of earlier jumps, as an NTP step would; [`clock_offset`](Self::clock_offset) reports
+    /// the sum. Takes effect at the server's next clock read, also while it is paused; a killed
+    /// node starts with it, and the offset survives every kind of restart and snapshot
+    /// restore. Monotonic clocks, sleeps and timeouts are not affected.
+    ///
+    /// Redis 7 computes key expiry from the realtime clock (`gettimeofday`): `SET .. PX ms`
+    /// stores the absolute deadline `now + ms` in Unix milliseconds (and writes it to the AOF
+    /// as `PXAT`), and a key is expired once that clock reaches it, checked lazily on access
+    /// and by the active expire cycle. So a jump of +10 s makes every key with less than 10 s
+    /// left expire at once, and a jump of −10 s gives every key 10 s more; `PTTL`, `TIME` and
+    /// `EXPIRETIME` move with it.
+    ///
+    /// # Errors
+    ///
+    /// [`io::ErrorKind::Unsupported`] unless the cluster was built with
+    /// [`fake_clock(true)`](crate::ClusterBuilder::fake_clock);
+    /// [`io::ErrorKind::InvalidInput`] if the offset would leave ±292 years; otherwise the
+    /// error of writing the node's offset file (the offset is then unchanged).
+    pub fn jump_clock(&self, delta_ms: i64) -> io::Result<()> {
+        let Some(clock) = &self.clock else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "redis-server on port {} has no fake clock: build the cluster with \
+                     fake_clock(true)",
+                    self.port
+                ),
+            ));
+        };
+        lock(clock).jump(delta_ms)
+    }
+
+    /// The sum of every [`jump_clock`](Self::jump_clock) so far, in milliseconds: how far
+    /// this node's realtime clock is ahead of the real one (negative: behind). Always 0
+    /// without [`fake_clock`](crate::ClusterBuilder::fake_clock).
+    pub fn clock_offset(&self) -> i64 {
+        self.clock
+            .as_ref()
+            .map_or(0, |clock| lock(clock).offset_ms())
     }
 
     /// `SCRIPT FLUSH SYNC`: the server forgets every cached Lua script, so the next `EVALSHA`
@@ -723,6 +773,15 @@ impl RedisNode {
         for (name, value) in &self.config.args {
             cmd.arg(format!("--{name}")).arg(value);
         }
+        if let Some(lib) = &self.config.clock_lib {
+            let mut preload = lib.as_os_str().to_owned();
+            if let Some(inherited) = std::env::var_os("LD_PRELOAD").filter(|p| !p.is_empty()) {
+                preload.push(":");
+                preload.push(inherited);
+            }
+            cmd.env("LD_PRELOAD", preload)
+                .env(CLOCK_FILE_ENV, dir.join(CLOCK_FILE));
+        }
         cmd.stdin(Stdio::null())
             .stdout(output.try_clone()?)
             .stderr(output);
@@ -866,6 +925,11 @@ impl Drop for RedisNode {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Locks a mutex whose data a panic cannot leave inconsistent.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Locates `redis-server`: `$REDIS_SERVER`, else the first match on `$PATH`.
