@@ -1,0 +1,512 @@
+//! Checkers over a history: fenced register, mutual exclusion of claimed validity windows,
+//! availability and recovery, hygiene. Each runs in O(n log n) in the number of operations.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::history::{Kind, Op, Outcome};
+use crate::nemesis::{Applied, Kind as FaultKind};
+
+/// The verdict of one checker.
+#[derive(Clone, Debug, Serialize)]
+pub struct Verdict {
+    /// Checker name.
+    pub name: &'static str,
+    /// Whether the run's faults and configuration claim this checker's property: a violation
+    /// then fails the run.
+    pub guaranteed: bool,
+    /// Number of violations found.
+    pub violations: usize,
+    /// The first violation: what was wrong and the offending operations.
+    pub first: Option<String>,
+}
+
+impl Verdict {
+    fn new(name: &'static str, guaranteed: bool) -> Self {
+        Self {
+            name,
+            guaranteed,
+            violations: 0,
+            first: None,
+        }
+    }
+
+    fn found(&mut self, what: impl FnOnce() -> String) {
+        self.violations += 1;
+        if self.first.is_none() {
+            self.first = Some(what());
+        }
+    }
+
+    /// Whether this verdict fails the run: a guaranteed property was violated.
+    pub fn fails(&self) -> bool {
+        self.guaranteed && self.violations > 0
+    }
+}
+
+/// Fenced register: no write admitted after a newer grant's write (by the grants' per-node
+/// stamps, in the register's version order), no two acknowledged writes of the same value, and
+/// every register's final value equals its acknowledged writes (plus at most the unknown ones).
+///
+/// `finals[r]` is resource `r`'s register at the end (`None`: could not be read).
+pub fn fenced_register(ops: &[Op], finals: &[Option<i64>], guaranteed: bool) -> Verdict {
+    let mut v = Verdict::new("fenced register", guaranteed);
+    let mut by_resource: HashMap<u32, Vec<&Op>> = HashMap::new();
+    for op in ops.iter().filter(|o| o.kind == Kind::Write) {
+        by_resource.entry(op.resource).or_default().push(op);
+    }
+    let mut resources: Vec<u32> = by_resource.keys().copied().collect();
+    resources.sort_unstable();
+    for r in resources {
+        let writes = &by_resource[&r];
+        let mut acked: Vec<&Op> = writes
+            .iter()
+            .copied()
+            .filter(|o| o.outcome == Outcome::Ok && o.wrote.is_some())
+            .collect();
+        let unknown = writes
+            .iter()
+            .filter(|o| o.outcome == Outcome::Unknown)
+            .count() as i64;
+        acked.sort_by_key(|o| (o.wrote, o.complete));
+        // Two acknowledged writes of one value: one of them overwrote the other (lost update).
+        for pair in acked.windows(2) {
+            if pair[0].wrote == pair[1].wrote {
+                v.found(|| {
+                    format!(
+                        "lost update on r{r}: two acknowledged writes of {}:\n    {}\n    {}",
+                        pair[0].wrote.unwrap_or_default(),
+                        pair[0].describe(),
+                        pair[1].describe()
+                    )
+                });
+            }
+        }
+        // Stale admission: in version order, a write whose grant is older (on a node both
+        // grants share) than an earlier admitted write's grant.
+        let mut high: HashMap<&str, (u64, &Op)> = HashMap::new();
+        for op in &acked {
+            let Some(token) = op.fence.as_deref() else {
+                continue;
+            };
+            let claims = claims(token);
+            if let Some((newer, node)) = claims.iter().find_map(|(node, stamp)| {
+                high.get(node)
+                    .filter(|(hw, _)| hw > stamp)
+                    .map(|(_, by)| (*by, *node))
+            }) {
+                v.found(|| {
+                    format!(
+                        "stale write admitted on r{r} (node {}): a newer grant had written first:\n    newer: {}\n    stale: {}",
+                        &node[..node.len().min(6)],
+                        newer.describe(),
+                        op.describe()
+                    )
+                });
+            }
+            for (node, stamp) in claims {
+                let e = high.entry(node).or_insert((stamp, op));
+                if stamp > e.0 {
+                    *e = (stamp, op);
+                }
+            }
+        }
+        // The final value counts every acknowledged write, and at most the unknown ones more.
+        let count = acked.len() as i64;
+        match finals.get(r as usize).copied().flatten() {
+            Some(fin) if fin < count || fin > count + unknown => v.found(|| {
+                format!(
+                    "lost update on r{r}: the register ends at {fin} after {count} acknowledged writes ({unknown} unknown)"
+                )
+            }),
+            _ => {}
+        }
+    }
+    v
+}
+
+/// A fence token's claims `(node, stamp)`; malformed parts are skipped.
+fn claims(text: &str) -> Vec<(&str, u64)> {
+    text.split(',')
+        .skip(1)
+        .filter_map(|c| {
+            let (node, stamp) = c.split_once('=')?;
+            Some((node, stamp.parse().ok()?))
+        })
+        .collect()
+}
+
+/// One client's claimed hold of a resource: from the grant's arrival to the earlier of the
+/// release's invocation and the validity it still believed it had.
+#[derive(Clone, Copy, Debug)]
+struct Window<'a> {
+    start: u64,
+    end: u64,
+    acquire: &'a Op,
+}
+
+/// Mutual exclusion: no two holders' (client tasks') claimed validity windows on one resource
+/// overlap.
+pub fn mutual_exclusion(ops: &[Op], guaranteed: bool) -> Verdict {
+    let mut v = Verdict::new("mutual exclusion", guaranteed);
+    let mut ends: HashMap<(u32, u32, u32, u64), &Op> = HashMap::new();
+    for op in ops.iter().filter(|o| o.kind == Kind::Release) {
+        ends.insert((op.client, op.task, op.resource, op.hold), op);
+    }
+    let mut windows: HashMap<u32, Vec<Window<'_>>> = HashMap::new();
+    for op in ops
+        .iter()
+        .filter(|o| o.kind == Kind::Acquire && o.outcome == Outcome::Ok)
+    {
+        let Some(valid) = op.valid_until else {
+            continue;
+        };
+        let end = match ends.get(&(op.client, op.task, op.resource, op.hold)) {
+            Some(rel) => rel.invoke.min(rel.valid_until.unwrap_or(valid)),
+            None => valid,
+        };
+        if end > op.complete {
+            windows.entry(op.resource).or_default().push(Window {
+                start: op.complete,
+                end,
+                acquire: op,
+            });
+        }
+    }
+    let mut resources: Vec<u32> = windows.keys().copied().collect();
+    resources.sort_unstable();
+    for r in resources {
+        let ws = windows.get_mut(&r).expect("listed");
+        ws.sort_by_key(|w| (w.start, w.end));
+        let mut latest: Option<Window<'_>> = None;
+        for w in ws.iter() {
+            if let Some(l) = latest
+                && w.start < l.end
+                && (w.acquire.client, w.acquire.task) != (l.acquire.client, l.acquire.task)
+            {
+                v.found(|| {
+                    format!(
+                        "two holders of r{r} for {:.3} ms:\n    {} (claimed until {:.3} ms)\n    {} (claimed until {:.3} ms)",
+                        (l.end.min(w.end) - w.start) as f64 / 1e6,
+                        l.acquire.describe(),
+                        l.end as f64 / 1e6,
+                        w.acquire.describe(),
+                        w.end as f64 / 1e6,
+                    )
+                });
+            }
+            if latest.is_none_or(|l| w.end > l.end) {
+                latest = Some(*w);
+            }
+        }
+    }
+    v
+}
+
+/// Availability figures of one fault kind.
+#[derive(Clone, Debug, Serialize)]
+pub struct KindFigures {
+    /// The fault kind.
+    pub kind: FaultKind,
+    /// How many were injected.
+    pub count: usize,
+    /// Successful acquisitions per second while faults of this kind lasted (`None` for
+    /// instantaneous faults).
+    pub rate_during: Option<f64>,
+    /// Time from heal to the first successful acquisition after it: p50, p99 and max (ms);
+    /// `None` when no acquisition followed any of them.
+    pub recovery_ms: Option<[f64; 3]>,
+    /// Faults after which no acquisition succeeded before the next fault or the end.
+    pub never_recovered: usize,
+}
+
+/// Availability: acquisitions per second outside faults and during each kind, and recovery
+/// time after heal.
+#[derive(Clone, Debug, Serialize)]
+pub struct Availability {
+    /// Successful acquisitions per second outside every fault.
+    pub rate_calm: f64,
+    /// Per fault kind.
+    pub kinds: Vec<KindFigures>,
+}
+
+/// Computes [`Availability`] for a run from `start` to `end` (shared clock, ns).
+pub fn availability(ops: &[Op], faults: &[Applied], start: u64, end: u64) -> Availability {
+    let mut grants: Vec<u64> = ops
+        .iter()
+        .filter(|o| o.kind == Kind::Acquire && o.outcome == Outcome::Ok)
+        .map(|o| o.complete)
+        .collect();
+    grants.sort_unstable();
+    let count_in =
+        |a: u64, b: u64| grants.partition_point(|&t| t < b) - grants.partition_point(|&t| t < a);
+    let secs = |ns: u64| ns as f64 / 1e9;
+    let mut fault_time = 0;
+    let mut in_faults = 0;
+    let mut per: HashMap<FaultKind, (usize, u64, usize, Vec<f64>, usize)> = HashMap::new();
+    for (i, f) in faults.iter().enumerate() {
+        let during = f.healed.saturating_sub(f.injected);
+        fault_time += during;
+        let n = count_in(f.injected, f.healed);
+        in_faults += n;
+        let e = per.entry(f.fault.kind).or_default();
+        e.0 += 1;
+        e.1 += during;
+        e.2 += n;
+        let until = faults.get(i + 1).map_or(end, |g| g.injected);
+        let first = grants.partition_point(|&t| t < f.healed);
+        match grants.get(first) {
+            Some(&t) if t < until => e.3.push((t - f.healed) as f64 / 1e6),
+            _ => e.4 += 1,
+        }
+    }
+    let calm = end.saturating_sub(start).saturating_sub(fault_time);
+    let mut kinds: Vec<KindFigures> = per
+        .into_iter()
+        .map(|(kind, (count, time, n, mut rec, never))| {
+            rec.sort_by(f64::total_cmp);
+            KindFigures {
+                kind,
+                count,
+                rate_during: (time >= 1_000_000).then(|| n as f64 / secs(time)),
+                recovery_ms: (!rec.is_empty())
+                    .then(|| [pct(&rec, 0.5), pct(&rec, 0.99), rec[rec.len() - 1]]),
+                never_recovered: never,
+            }
+        })
+        .collect();
+    kinds.sort_by_key(|k| k.kind);
+    Availability {
+        rate_calm: if calm > 0 {
+            (grants.len() - in_faults) as f64 / secs(calm)
+        } else {
+            0.0
+        },
+        kinds,
+    }
+}
+
+/// The `p` quantile of sorted `xs` (nearest rank).
+fn pct(xs: &[f64], p: f64) -> f64 {
+    let rank = ((p * xs.len() as f64).ceil() as usize).clamp(1, xs.len());
+    xs[rank - 1]
+}
+
+/// What was left behind by a run.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Leftovers {
+    /// Lock keys still on a node a TTL after every client stopped (by node).
+    pub keys: Vec<(usize, String)>,
+    /// Panics caught during the run.
+    pub panics: usize,
+    /// Tokio tasks still alive after every client was dropped.
+    pub tasks: usize,
+    /// Operations that never completed (a client stuck at the end of the run).
+    pub stuck: usize,
+}
+
+/// Hygiene: no lock key left, no panic, no task leaked, no operation stuck.
+pub fn hygiene(left: &Leftovers) -> Verdict {
+    let mut v = Verdict::new("hygiene", true);
+    if !left.keys.is_empty() {
+        v.found(|| {
+            let keys: Vec<String> = left
+                .keys
+                .iter()
+                .take(5)
+                .map(|(n, k)| format!("node {n}: {k}"))
+                .collect();
+            format!(
+                "{} lock keys left after the run: {}",
+                left.keys.len(),
+                keys.join(", ")
+            )
+        });
+    }
+    if left.panics > 0 {
+        v.found(|| format!("{} panics", left.panics));
+    }
+    if left.tasks > 0 {
+        v.found(|| {
+            format!(
+                "{} tokio tasks still alive after the clients were dropped",
+                left.tasks
+            )
+        });
+    }
+    if left.stuck > 0 {
+        v.found(|| format!("{} operations never completed", left.stuck));
+    }
+    v
+}
+
+/// Duration in milliseconds, for figures.
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(client: u32, hold: u64, kind: Kind, outcome: Outcome, invoke: u64, complete: u64) -> Op {
+        Op {
+            client,
+            task: 0,
+            resource: 0,
+            hold,
+            kind,
+            outcome,
+            invoke,
+            complete,
+            valid_until: None,
+            fence: None,
+            read: None,
+            wrote: None,
+            error: None,
+        }
+    }
+
+    fn hold(client: u32, hold_no: u64, from: u64, valid: u64, release: Option<u64>) -> Vec<Op> {
+        let mut a = op(client, hold_no, Kind::Acquire, Outcome::Ok, from - 1, from);
+        a.valid_until = Some(valid);
+        let mut ops = vec![a];
+        if let Some(at) = release {
+            let mut r = op(client, hold_no, Kind::Release, Outcome::Ok, at, at + 1);
+            r.valid_until = Some(valid);
+            ops.push(r);
+        }
+        ops
+    }
+
+    fn write(client: u32, fence: &str, read: i64, outcome: Outcome, at: u64) -> Op {
+        let mut w = op(client, 0, Kind::Write, outcome, at, at + 1);
+        w.fence = Some(fence.to_owned());
+        w.read = Some(read);
+        w.wrote = Some(read + 1);
+        w
+    }
+
+    #[test]
+    fn overlapping_windows_of_two_clients_are_found() {
+        // Client 0 claims 10..100 (released at 100); client 1 is granted at 90.
+        let mut ops = hold(0, 1, 10, 200, Some(100));
+        ops.extend(hold(1, 1, 90, 300, Some(150)));
+        let v = mutual_exclusion(&ops, true);
+        assert_eq!(v.violations, 1, "{v:?}");
+        assert!(v.fails());
+        assert!(v.first.unwrap().contains("two holders of r0"));
+    }
+
+    #[test]
+    fn windows_end_at_the_release_or_the_validity_whichever_is_first() {
+        // Released at 100: the next grant at 100 is fine.
+        let mut ops = hold(0, 1, 10, 200, Some(100));
+        ops.extend(hold(1, 1, 100, 300, Some(150)));
+        // Abandoned (no release): its window ends at its validity, 400.
+        ops.extend(hold(2, 1, 160, 400, None));
+        ops.extend(hold(0, 2, 400, 500, Some(450)));
+        assert_eq!(mutual_exclusion(&ops, true).violations, 0);
+        // A grant before the abandoned validity ran out is a violation.
+        ops.extend(hold(1, 2, 399, 600, Some(420)));
+        assert_eq!(mutual_exclusion(&ops, true).violations, 2);
+        // Failed or unknown acquisitions claim nothing.
+        let mut ops = hold(0, 1, 10, 200, Some(100));
+        let mut a = op(1, 1, Kind::Acquire, Outcome::Unknown, 40, 50);
+        a.valid_until = Some(300);
+        ops.push(a);
+        assert_eq!(mutual_exclusion(&ops, true).violations, 0);
+    }
+
+    #[test]
+    fn a_paused_holder_whose_stale_write_was_admitted_is_found() {
+        // Grant A (n1=10,n2=10) reads 0, pauses; grant B (n1=20,n2=20) reads 0 and writes 1;
+        // A's write of 1 is admitted after B's.
+        let ops = vec![
+            write(1, "f1,n1=20,n2=20", 0, Outcome::Ok, 100),
+            write(0, "f1,n1=10,n2=10", 0, Outcome::Ok, 200),
+        ];
+        let v = fenced_register(&ops, &[Some(1)], true);
+        // A lost update (two writes of 1, one fewer in the register) and a stale admission.
+        assert_eq!(v.violations, 3, "{v:?}");
+        assert!(v.first.unwrap().contains("lost update"));
+        // Ordered writes of increasing grants: clean.
+        let ops = vec![
+            write(0, "f1,n1=10,n2=10", 0, Outcome::Ok, 100),
+            write(1, "f1,n1=20,n3=5", 1, Outcome::Ok, 200),
+            write(0, "f1,n1=10,n2=10", 1, Outcome::Fail, 300),
+            write(2, "f1,n2=30,n3=6", 2, Outcome::Unknown, 400),
+        ];
+        assert_eq!(fenced_register(&ops, &[Some(2)], true).violations, 0);
+        assert_eq!(fenced_register(&ops, &[Some(3)], true).violations, 0);
+        assert_eq!(fenced_register(&ops, &[Some(4)], true).violations, 1);
+        assert_eq!(fenced_register(&ops, &[Some(1)], true).violations, 1);
+        // A stale grant admitted with a fresh value is still found.
+        let ops = vec![
+            write(1, "f1,n1=20,n2=20", 0, Outcome::Ok, 100),
+            write(0, "f1,n1=10,n2=30", 1, Outcome::Ok, 200),
+        ];
+        let v = fenced_register(&ops, &[Some(2)], true);
+        assert_eq!(v.violations, 1);
+        assert!(v.first.unwrap().contains("stale write admitted"));
+    }
+
+    #[test]
+    fn recovery_is_the_time_from_heal_to_the_next_grant() {
+        use crate::nemesis::{Fault, InModel};
+        let grant = |t: u64| {
+            let mut o = op(0, t, Kind::Acquire, Outcome::Ok, t - 1, t);
+            o.valid_until = Some(t + 10);
+            o
+        };
+        let ops: Vec<Op> = [1, 2, 3, 50_000_000, 2_030_000_000, 2_040_000_000]
+            .into_iter()
+            .map(grant)
+            .collect();
+        let fault = |injected: u64, healed: u64| Applied {
+            fault: Fault {
+                id: 0,
+                kind: FaultKind::Partition,
+                at: Duration::ZERO,
+                lasts: Duration::ZERO,
+                nodes: vec![0],
+                client: None,
+                amount: Duration::ZERO,
+                jitter: Duration::ZERO,
+            },
+            injected,
+            healed,
+            in_model: InModel {
+                mutex: true,
+                fenced: true,
+            },
+            error: None,
+        };
+        let faults = [
+            fault(1_000_000_000, 2_000_000_000),
+            fault(3_000_000_000, 4_000_000_000),
+        ];
+        let a = availability(&ops, &faults, 0, 5_000_000_000);
+        let k = &a.kinds[0];
+        assert_eq!(k.count, 2);
+        assert_eq!(k.never_recovered, 1);
+        assert_eq!(k.recovery_ms, Some([30.0, 30.0, 30.0]));
+        assert_eq!(k.rate_during, Some(0.0));
+        assert!((a.rate_calm - 6.0 / 3.0).abs() < 1e-9, "{}", a.rate_calm);
+    }
+
+    #[test]
+    fn leftovers_fail_hygiene() {
+        assert_eq!(hygiene(&Leftovers::default()).violations, 0);
+        let left = Leftovers {
+            keys: vec![(1, "redlock:lock:r0".into())],
+            panics: 1,
+            ..Leftovers::default()
+        };
+        let v = hygiene(&left);
+        assert_eq!(v.violations, 2);
+        assert!(v.fails());
+    }
+}

@@ -1,0 +1,308 @@
+//! A run's summary: the checkers' verdicts over its history, the faults, and the exit status.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::check::{self, Availability, Leftovers, Verdict};
+use crate::history::{Kind, Op, Outcome};
+use crate::nemesis::{Applied, InModel};
+use crate::options::Settings;
+
+/// Operation counts by kind and outcome.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Counts {
+    /// Every recorded operation.
+    pub total: usize,
+    /// `kind/outcome` → count.
+    pub by_kind: BTreeMap<String, usize>,
+}
+
+/// Faults of one kind in a run.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct FaultCount {
+    /// Injected.
+    pub count: usize,
+    /// Of those, how many could not be injected or healed.
+    pub errors: usize,
+    /// The first such error.
+    pub first_error: Option<String>,
+    /// Whether every fault of the kind was inside the model of the mutual exclusion checker.
+    pub mutex_in_model: bool,
+}
+
+/// Everything a run found.
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    /// `real` or `sim`.
+    pub mode: &'static str,
+    /// The run's settings.
+    pub settings: Settings,
+    /// Which checkers the faults and configuration claim.
+    pub claims: InModel,
+    /// The checkers this run is a negative control for (they must find a violation).
+    pub controls: Vec<&'static str>,
+    /// Operation counts.
+    pub ops: Counts,
+    /// Faults by kind.
+    pub faults: BTreeMap<String, FaultCount>,
+    /// Verdicts.
+    pub verdicts: Vec<Verdict>,
+    /// Availability and recovery.
+    pub availability: Availability,
+    /// What was left behind.
+    pub leftovers: Leftovers,
+    /// Time the checkers took (ms).
+    pub check_ms: f64,
+    /// Why the run failed (empty: it passed).
+    pub failures: Vec<String>,
+}
+
+impl Summary {
+    /// Whether the run passed.
+    pub fn passed(&self) -> bool {
+        self.failures.is_empty()
+    }
+}
+
+/// What a finished run hands to [`analyze`].
+#[derive(Debug)]
+pub struct Outcomes {
+    /// Every operation.
+    pub ops: Vec<Op>,
+    /// Every fault.
+    pub faults: Vec<Applied>,
+    /// Final register values, per resource.
+    pub finals: Vec<Option<i64>>,
+    /// Leftovers.
+    pub leftovers: Leftovers,
+    /// Start and end of the workload, shared clock (ns).
+    pub span: (u64, u64),
+}
+
+/// Runs every checker over a run's outcomes and decides whether it passed.
+pub fn analyze(mode: &'static str, settings: &Settings, out: &Outcomes) -> Summary {
+    let started = Instant::now();
+    let model = settings.model();
+    let claims = out.faults.iter().fold(
+        InModel {
+            mutex: true,
+            fenced: model.fencing,
+        },
+        |acc, f| InModel {
+            mutex: acc.mutex && f.in_model.mutex,
+            fenced: acc.fenced && f.in_model.fenced,
+        },
+    );
+    let verdicts = vec![
+        check::fenced_register(&out.ops, &out.finals, claims.fenced),
+        check::mutual_exclusion(&out.ops, claims.mutex),
+        check::hygiene(&out.leftovers),
+    ];
+    let availability = check::availability(&out.ops, &out.faults, out.span.0, out.span.1);
+    let check_ms = started.elapsed().as_secs_f64() * 1e3;
+
+    let mut ops = Counts {
+        total: out.ops.len(),
+        ..Counts::default()
+    };
+    for op in &out.ops {
+        let key = format!("{}/{}", kind_name(op.kind), outcome_name(op.outcome));
+        *ops.by_kind.entry(key).or_default() += 1;
+    }
+    let mut faults: BTreeMap<String, FaultCount> = BTreeMap::new();
+    for f in &out.faults {
+        let e = faults
+            .entry(f.fault.kind.name().to_owned())
+            .or_insert(FaultCount {
+                mutex_in_model: true,
+                ..FaultCount::default()
+            });
+        e.count += 1;
+        e.mutex_in_model &= f.in_model.mutex;
+        if let Some(err) = &f.error {
+            e.errors += 1;
+            e.first_error.get_or_insert_with(|| err.clone());
+        }
+    }
+
+    let controls = settings.controls();
+    let mut failures = Vec::new();
+    for v in &verdicts {
+        if controls.contains(&v.name) {
+            if v.violations == 0 {
+                failures.push(format!(
+                    "negative control: {} found no violation although the run left out its safeguard",
+                    v.name
+                ));
+            }
+        } else if v.fails() {
+            failures.push(format!("{}: {} violations", v.name, v.violations));
+        }
+    }
+    for (kind, f) in &faults {
+        if f.errors == f.count && f.count > 0 {
+            failures.push(format!(
+                "no {kind} fault could be injected: {}",
+                f.first_error.as_deref().unwrap_or("?")
+            ));
+        }
+    }
+    Summary {
+        mode,
+        settings: settings.clone(),
+        claims,
+        controls,
+        ops,
+        faults,
+        verdicts,
+        availability,
+        leftovers: out.leftovers.clone(),
+        check_ms,
+        failures,
+    }
+}
+
+fn kind_name(k: Kind) -> &'static str {
+    match k {
+        Kind::Acquire => "acquire",
+        Kind::Write => "write",
+        Kind::Release => "release",
+    }
+}
+
+fn outcome_name(o: Outcome) -> &'static str {
+    match o {
+        Outcome::Ok => "ok",
+        Outcome::Fail => "fail",
+        Outcome::Unknown => "unknown",
+    }
+}
+
+/// The one-screen text summary.
+pub fn render(s: &Summary) -> String {
+    let mut out = String::new();
+    let st = &s.settings;
+    let nemesis: Vec<&str> = st.nemesis.iter().map(|k| k.name()).collect();
+    let _ = writeln!(
+        out,
+        "redlock-chaos ({}) seed {} for {:?}: {} nodes, {} clients{}, {} resources, TTL {:?}, fence {}{}, quarantine {}, drift factor {}",
+        s.mode,
+        st.seed,
+        st.duration,
+        st.nodes,
+        st.clients,
+        if st.processes { " (processes)" } else { "" },
+        st.resources,
+        st.ttl,
+        st.fence,
+        if st.fencing {
+            ""
+        } else {
+            " (OFF: plain writes)"
+        },
+        if st.quarantine { "on" } else { "OFF" },
+        st.drift_factor,
+    );
+    let _ = writeln!(
+        out,
+        "nemesis: {}",
+        if nemesis.is_empty() {
+            "none".to_owned()
+        } else {
+            nemesis.join(",")
+        }
+    );
+    let _ = writeln!(out, "\noperations: {}", s.ops.total);
+    let by: Vec<String> = s
+        .ops
+        .by_kind
+        .iter()
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect();
+    let _ = writeln!(out, "  {}", by.join(", "));
+    let _ = writeln!(
+        out,
+        "\nfaults injected: {}",
+        s.faults.values().map(|f| f.count).sum::<usize>()
+    );
+    for (kind, f) in &s.faults {
+        let _ = write!(
+            out,
+            "  {kind:<14} {:>4}  {}",
+            f.count,
+            if f.mutex_in_model {
+                "in model"
+            } else {
+                "OUT OF MODEL (mutual exclusion)"
+            }
+        );
+        if f.errors > 0 {
+            let _ = write!(
+                out,
+                "  {} failed: {}",
+                f.errors,
+                f.first_error.as_deref().unwrap_or("")
+            );
+        }
+        out.push('\n');
+    }
+    let _ = writeln!(out, "\ncheckers ({:.1} ms):", s.check_ms);
+    for v in &s.verdicts {
+        let role = if s.controls.contains(&v.name) {
+            "negative control: must find violations"
+        } else if v.guaranteed {
+            "guaranteed"
+        } else {
+            "not guaranteed under these faults"
+        };
+        let _ = writeln!(
+            out,
+            "  {:<17} {:>6} violations  ({role})",
+            v.name, v.violations
+        );
+        if let Some(first) = &v.first {
+            let _ = writeln!(out, "    first: {first}");
+        }
+    }
+    let a = &s.availability;
+    let _ = writeln!(
+        out,
+        "\navailability: {:.1} grants/s outside faults",
+        a.rate_calm
+    );
+    for k in &a.kinds {
+        let during = k
+            .rate_during
+            .map_or("-".to_owned(), |r| format!("{r:.1}/s"));
+        let rec = k.recovery_ms.map_or("-".to_owned(), |[p50, p99, max]| {
+            format!("p50 {p50:.0} ms, p99 {p99:.0} ms, max {max:.0} ms")
+        });
+        let _ = writeln!(
+            out,
+            "  {:<14} during {:>8}  recovery {rec}{}",
+            k.kind.name(),
+            during,
+            if k.never_recovered > 0 {
+                format!(
+                    " ({} without a grant before the next fault)",
+                    k.never_recovered
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nresult: {}",
+        if s.passed() {
+            "PASS".to_owned()
+        } else {
+            format!("FAIL — {}", s.failures.join("; "))
+        }
+    );
+    out
+}
