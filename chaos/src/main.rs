@@ -126,7 +126,10 @@ fn worker(args: &str) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match rt.block_on(procs::worker(args)) {
+    let result = rt.block_on(procs::worker(args));
+    // The stdin reader sits in a blocking read; do not wait for it.
+    rt.shutdown_background();
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("redlock-chaos worker: {e}");

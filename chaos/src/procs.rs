@@ -247,6 +247,7 @@ pub(crate) async fn run(settings: &Settings) -> Result<Outcomes, String> {
     }
     let servers = Servers::start(settings).await?;
     let urls = servers.cluster.urls();
+    crate::real::warm_up(settings, &urls).await?;
     let clock = Monotonic;
     let start = tokio::time::Instant::now();
     let start_ns = clock.now();
@@ -319,6 +320,8 @@ pub(crate) async fn run(settings: &Settings) -> Result<Outcomes, String> {
     let pauser = ProcessPauser { workers: pausers };
     let applied = nemesis::run(&schedule(settings), &model, &faults, &pauser, &clock, start).await;
     heal_everything(&servers.cluster);
+    // Closes the workers' stdin.
+    drop(pauser);
 
     let mut leftovers = Leftovers::default();
     let deadline = start + settings.duration + Duration::from_secs(30);

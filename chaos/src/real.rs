@@ -104,6 +104,17 @@ pub(crate) fn redlock(settings: &Settings, urls: &[String]) -> Result<Redlock, S
     b.build().map_err(|e| format!("building the client: {e}"))
 }
 
+/// Creates the nodes' identity records and waits out the restart quarantine of the freshly
+/// started nodes, so the run starts on a cluster that grants.
+pub(crate) async fn warm_up(settings: &Settings, urls: &[String]) -> Result<(), String> {
+    let client = redlock(settings, urls)?;
+    client.connect().await;
+    if let Some(q) = settings.quarantine_time() {
+        tokio::time::sleep(q).await;
+    }
+    Ok(())
+}
+
 /// What one in-process client hands back.
 struct ClientRun {
     ops: Vec<Op>,
@@ -118,6 +129,7 @@ pub async fn run(settings: &Settings) -> Result<Outcomes, String> {
     }
     let servers = Servers::start(settings).await?;
     let urls = servers.cluster.urls();
+    warm_up(settings, &urls).await?;
     let clock: Arc<dyn Clock> = Arc::new(Monotonic);
     let memory: Option<Arc<dyn Register>> = (settings.fence == FenceBackend::Memory)
         .then(|| Arc::new(MemoryRegister::new(settings.resources)) as Arc<dyn Register>);

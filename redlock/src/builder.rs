@@ -3,11 +3,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::backend::Nodes;
 use crate::client::{Core, Redlock};
 use crate::config::{Config, RetryPolicy};
 use crate::engine;
 use crate::error::{ConfigError, Error};
 use crate::node::{Identities, NodeKeys, RedisBackend, RedisNode};
+use crate::pubsub::SubClient;
 use crate::url::{NodeSpec, redact_url};
 use crate::waiters::Waiters;
 
@@ -149,64 +151,7 @@ impl RedlockBuilder {
         if self.nodes.is_empty() {
             return Err(ConfigError::NoNodes.into());
         }
-        if !(c.drift_factor.is_finite() && (0.0..0.5).contains(&c.drift_factor)) {
-            return Err(ConfigError::InvalidDriftFactor(c.drift_factor).into());
-        }
-        let ttl_err = |reason: &str| ConfigError::InvalidTtl {
-            ttl: c.ttl,
-            reason: reason.to_owned(),
-        };
-        if c.ttl < Duration::from_millis(1) {
-            return Err(ttl_err("must be at least 1 ms").into());
-        }
-        // Redis takes PX as a signed 64-bit count of ms; stay far from it.
-        if c.ttl > Duration::from_secs(365 * 24 * 3600) {
-            return Err(ttl_err("must be at most one year").into());
-        }
-        let drift = engine::drift(c.ttl, c.drift_factor);
-        if c.ttl <= drift + c.min_validity {
-            return Err(ttl_err(&format!(
-                "must exceed the drift allowance {drift:?} plus the minimum validity {:?}",
-                c.min_validity
-            ))
-            .into());
-        }
-        if c.node_timeout.is_zero() || c.node_timeout >= c.ttl {
-            return Err(ConfigError::InvalidNodeTimeout {
-                timeout: c.node_timeout,
-                ttl: c.ttl,
-            }
-            .into());
-        }
-        c.retry.validate().map_err(ConfigError::InvalidRetry)?;
-        if let Some(every) = c.renew_every
-            && (every.is_zero() || every >= c.ttl)
-        {
-            return Err(ConfigError::InvalidLease(format!(
-                "renew_every {every:?} must be > 0 and shorter than the ttl {:?}",
-                c.ttl
-            ))
-            .into());
-        }
-        if c.max_hold.is_zero() {
-            return Err(ConfigError::InvalidLease("max_hold must be positive".into()).into());
-        }
-        if c.restart_quarantine
-            .is_some_and(|q| q < Duration::from_millis(1))
-        {
-            return Err(ConfigError::InvalidLease(
-                "restart_quarantine must be at least 1 ms (leave it unset to turn it off)".into(),
-            )
-            .into());
-        }
-        let prefix_ok =
-            c.key_prefix.len() <= 64 && c.key_prefix.bytes().all(|b| b.is_ascii_graphic());
-        if !prefix_ok {
-            return Err(ConfigError::InvalidKeyPrefix(c.key_prefix.clone()).into());
-        }
-        if c.max_resource_len == 0 {
-            return Err(ConfigError::InvalidMaxResourceLen.into());
-        }
+        validate(c)?;
 
         let mut specs: Vec<NodeSpec> = Vec::with_capacity(self.nodes.len());
         for (index, (name, url)) in self.nodes.iter().enumerate() {
@@ -254,11 +199,7 @@ impl RedlockBuilder {
         let identities = Arc::new(Identities::new(
             specs.iter().map(|s| Arc::clone(&s.name)).collect(),
         ));
-        let keys = NodeKeys {
-            identity: format!("{}node", c.key_prefix).into(),
-            stamp: format!("{}stamp", c.key_prefix).into(),
-            quarantine: c.restart_quarantine,
-        };
+        let keys = node_keys(c);
         let mut nodes = Vec::with_capacity(specs.len());
         for (index, spec) in specs.iter().enumerate() {
             let node = RedisNode::new(
@@ -288,12 +229,114 @@ impl RedlockBuilder {
             identities,
         };
         let waiters = Waiters::new(
-            backend.nodes.iter().map(|n| n.client().clone()).collect(),
+            backend
+                .nodes
+                .iter()
+                .map(|n| SubClient::Redis(n.client().clone()))
+                .collect(),
             c.node_timeout.max(Duration::from_millis(200)),
             c.connect_timeout,
         );
         Ok(Redlock::from_core(
-            Core::new(self.config, backend, Some(waiters)).with_origin(origin),
+            Core::new(self.config, Nodes::Redis(backend), Some(waiters)).with_origin(origin),
         ))
+    }
+
+    /// Validates the configuration like [`RedlockBuilder::build`] and returns a client of the
+    /// simulated nodes of `cluster` (named `sim0`, `sim1`, …); the node URLs given to this
+    /// builder are not used. For testing the client under faults; not for production.
+    ///
+    /// # Errors
+    /// [`Error::Config`] as for [`RedlockBuilder::build`]; [`ConfigError::NoNodes`] for a
+    /// cluster without nodes.
+    #[cfg(feature = "simulation")]
+    pub fn build_simulated(self, cluster: &crate::sim::SimCluster) -> Result<Redlock, Error> {
+        if cluster.is_empty() {
+            return Err(ConfigError::NoNodes.into());
+        }
+        validate(&self.config)?;
+        let c = &self.config;
+        let backend = crate::sim::SimBackend::new(cluster, c, node_keys(c));
+        let waiters = Waiters::new(
+            backend.sub_clients(),
+            c.node_timeout.max(Duration::from_millis(200)),
+            c.connect_timeout,
+        );
+        Ok(Redlock::from_core(Core::new(
+            self.config,
+            Nodes::Sim(backend),
+            Some(waiters),
+        )))
+    }
+}
+
+/// The configuration checks of `build()`, shared by every way of building a client.
+fn validate(c: &Config) -> Result<(), Error> {
+    if !(c.drift_factor.is_finite() && (0.0..0.5).contains(&c.drift_factor)) {
+        return Err(ConfigError::InvalidDriftFactor(c.drift_factor).into());
+    }
+    let ttl_err = |reason: &str| ConfigError::InvalidTtl {
+        ttl: c.ttl,
+        reason: reason.to_owned(),
+    };
+    if c.ttl < Duration::from_millis(1) {
+        return Err(ttl_err("must be at least 1 ms").into());
+    }
+    // Redis takes PX as a signed 64-bit count of ms; stay far from it.
+    if c.ttl > Duration::from_secs(365 * 24 * 3600) {
+        return Err(ttl_err("must be at most one year").into());
+    }
+    let drift = engine::drift(c.ttl, c.drift_factor);
+    if c.ttl <= drift + c.min_validity {
+        return Err(ttl_err(&format!(
+            "must exceed the drift allowance {drift:?} plus the minimum validity {:?}",
+            c.min_validity
+        ))
+        .into());
+    }
+    if c.node_timeout.is_zero() || c.node_timeout >= c.ttl {
+        return Err(ConfigError::InvalidNodeTimeout {
+            timeout: c.node_timeout,
+            ttl: c.ttl,
+        }
+        .into());
+    }
+    c.retry.validate().map_err(ConfigError::InvalidRetry)?;
+    if let Some(every) = c.renew_every
+        && (every.is_zero() || every >= c.ttl)
+    {
+        return Err(ConfigError::InvalidLease(format!(
+            "renew_every {every:?} must be > 0 and shorter than the ttl {:?}",
+            c.ttl
+        ))
+        .into());
+    }
+    if c.max_hold.is_zero() {
+        return Err(ConfigError::InvalidLease("max_hold must be positive".into()).into());
+    }
+    if c.restart_quarantine
+        .is_some_and(|q| q < Duration::from_millis(1))
+    {
+        return Err(ConfigError::InvalidLease(
+            "restart_quarantine must be at least 1 ms (leave it unset to turn it off)".into(),
+        )
+        .into());
+    }
+    let prefix_ok = c.key_prefix.len() <= 64 && c.key_prefix.bytes().all(|b| b.is_ascii_graphic());
+    if !prefix_ok {
+        return Err(ConfigError::InvalidKeyPrefix(c.key_prefix.clone()).into());
+    }
+    if c.max_resource_len == 0 {
+        return Err(ConfigError::InvalidMaxResourceLen.into());
+    }
+    Ok(())
+}
+
+/// Where a client keeps its records on every node, and how it treats restarts.
+pub(crate) fn node_keys(c: &Config) -> NodeKeys {
+    NodeKeys {
+        identity: format!("{}node", c.key_prefix).into(),
+        stamp: format!("{}stamp", c.key_prefix).into(),
+        quarantine: c.restart_quarantine,
     }
 }

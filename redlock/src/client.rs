@@ -5,18 +5,16 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::join_all;
-use rand::Rng;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::{Backend, Op};
+use crate::backend::{Backend, Nodes, Op};
 use crate::builder::RedlockBuilder;
 use crate::config::{Config, MAX_RESOURCES_PER_LOCK, RetryPolicy};
 use crate::engine::{self, Goal, Phase};
 use crate::error::{Error, NodeOutcome, NodeReport, Phase as PhaseName, ResourceError};
 use crate::lease::{Lease, LockGuard, LostReason, Renewals};
 use crate::lock::{Claim, Deadline, Lock, ReleaseReport};
-use crate::node::RedisBackend;
 use crate::telemetry;
 use crate::token::Token;
 use crate::waiters::{Interest, Waiters};
@@ -282,7 +280,7 @@ impl<B: Backend> Core<B> {
                     }
                     Err(e) => e,
                 };
-                let unit: f64 = rand::rng().random();
+                let unit: f64 = crate::det::unit();
                 let pause = if err.is_retryable() {
                     policy.next_delay(attempts, started.elapsed(), unit)
                 } else {
@@ -311,7 +309,7 @@ impl<B: Backend> Core<B> {
                     }
                     (_, _, Some(_)) if notified.is_some() => {
                         let wake = notified.take();
-                        let woken = tokio::select! {
+                        let woken = crate::det::select! {
                             () = async { if let Some(w) = wake { w.await } } => true,
                             () = tokio::time::sleep(pause) => false,
                         };
@@ -319,7 +317,7 @@ impl<B: Backend> Core<B> {
                             // Every client's waiter hears the same release. Retrying all at once
                             // splits the nodes' votes so that nobody reaches a quorum; a random
                             // stagger of up to two round trips lets the first one win cleanly.
-                            let unit: f64 = rand::rng().random();
+                            let unit: f64 = crate::det::unit();
                             tokio::time::sleep((round_trip * 2).mul_f64(unit)).await;
                         }
                     }
@@ -454,18 +452,13 @@ impl<B: Backend> Core<B> {
 /// ```
 #[derive(Clone)]
 pub struct Redlock {
-    core: Arc<Core<RedisBackend>>,
+    core: Arc<Core<Nodes>>,
 }
 
 impl std::fmt::Debug for Redlock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names: Vec<&str> = self
-            .core
-            .backend
-            .nodes
-            .iter()
-            .map(|n| &**n.name())
-            .collect();
+        let backend = &self.core.backend;
+        let names: Vec<&str> = (0..backend.len()).map(|i| &**backend.name(i)).collect();
         f.debug_struct("Redlock")
             .field("nodes", &names)
             .field("quorum", &self.quorum())
@@ -491,7 +484,7 @@ impl Redlock {
         RedlockBuilder::default()
     }
 
-    pub(crate) fn from_core(core: Core<RedisBackend>) -> Self {
+    pub(crate) fn from_core(core: Core<Nodes>) -> Self {
         Self {
             core: Arc::new(core),
         }
@@ -509,11 +502,9 @@ impl Redlock {
 
     /// The nodes' display names, in configuration order.
     pub fn node_names(&self) -> Vec<Arc<str>> {
-        self.core
-            .backend
-            .nodes
-            .iter()
-            .map(|n| n.name().clone())
+        let backend = &self.core.backend;
+        (0..backend.len())
+            .map(|i| backend.name(i).clone())
             .collect()
     }
 
@@ -740,14 +731,15 @@ impl Redlock {
     /// Safe; the connections go on opening in the background.
     pub async fn connect(&self) -> Vec<NodeReport> {
         let timeout = self.core.config.connect_timeout;
-        join_all(self.core.backend.nodes.iter().map(|n| async move {
-            let outcome = match tokio::time::timeout(timeout, n.connect()).await {
+        let backend = &self.core.backend;
+        join_all((0..backend.len()).map(|i| async move {
+            let outcome = match tokio::time::timeout(timeout, backend.connect(i)).await {
                 Ok(Ok(_)) => NodeOutcome::Granted,
                 Ok(Err(e)) => NodeOutcome::Failed(e),
                 Err(_) => NodeOutcome::TimedOut,
             };
             NodeReport {
-                node: n.name().clone(),
+                node: backend.name(i).clone(),
                 outcome,
             }
         }))

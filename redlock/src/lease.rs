@@ -2,7 +2,7 @@
 //! that extends every held lock of a `Redlock` in batches (one round trip per node per tick).
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use rand::Rng;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Backend, Batch, BatchEntry, Op, Renewed};
 use crate::client::Core;
+use crate::det::HashMap;
 use crate::engine;
 use crate::error::{Error, NodeError, NodeOutcome, NodeReport, Phase};
 use crate::lock::{Claim, Deadline, Lock};
@@ -324,7 +324,7 @@ fn tick(every: Duration) -> Duration {
 /// dropped to `ttl − every` (so a fresh lock is renewed about `every` after it was taken, and a
 /// lock with little validity left at once), 0–20 % of `every` early at random.
 fn due_at(valid_until: &Deadline, ttl: Duration, every: Duration, now: Instant) -> Instant {
-    let early: f64 = rand::rng().random_range(0.0..0.2);
+    let early: f64 = crate::det::range(0.0, 0.2);
     let lead = ttl.saturating_sub(every) + every.mul_f64(early);
     let deadline = now + valid_until.remaining();
     deadline.checked_sub(lead).map_or(now, |due| due.max(now))
@@ -463,7 +463,7 @@ async fn drive<B: Backend>(core: Weak<Core<B>>, mut running: DriverRunning) {
         let renewals = Arc::clone(&core.renewals);
         drop(core);
         let wake = renewals.wake.notified();
-        tokio::select! {
+        crate::det::select! {
             () = wake => {}
             () = tokio::time::sleep_until(wake_at) => {}
         }

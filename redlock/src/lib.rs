@@ -1,6 +1,8 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+mod det;
+
 mod backend;
 mod builder;
 mod client;
@@ -10,7 +12,10 @@ mod error;
 mod lease;
 mod lock;
 mod node;
+mod pubsub;
 mod scripts;
+#[cfg(feature = "simulation")]
+pub mod sim;
 mod telemetry;
 mod token;
 mod url;

@@ -60,7 +60,7 @@ impl Identities {
     }
 
     /// Records that node `index` is the server `id`; fails when another node already is.
-    fn claim(&self, index: usize, id: &Arc<str>) -> Result<(), ConfigError> {
+    pub(crate) fn claim(&self, index: usize, id: &Arc<str>) -> Result<(), ConfigError> {
         let mut ids = self.ids.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(other) = ids
             .iter()
@@ -374,20 +374,7 @@ impl RedisNode {
                 "no answer to the identity script",
             ));
         };
-        let (id, created_ms) = match record.split_once('@') {
-            Some((id, created)) => (id, created.parse::<u64>().ok()),
-            None => (record.as_str(), None),
-        };
-        if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(NodeError::new(
-                NodeErrorKind::Identity,
-                format!(
-                    "the server's identity record {} is not one this client writes",
-                    self.keys.identity
-                ),
-            ));
-        }
-        let id: Arc<str> = id.into();
+        let (id, created_ms) = parse_record(&record, &self.keys.identity)?;
         let quarantined_until = match self.keys.quarantine {
             None => None,
             Some(q) => {
@@ -405,21 +392,12 @@ impl RedisNode {
                         }
                         err
                     })?;
-                let uptime = info_field(&info, "uptime_in_seconds")
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .ok_or_else(|| {
-                        NodeError::new(
-                            NodeErrorKind::Server,
-                            "INFO server has no uptime_in_seconds",
-                        )
-                    })?;
-                // Whole seconds round down, so the age is never overstated.
-                let mut age = Duration::from_secs(uptime);
-                if let (Some(created), Ok(now)) = (created_ms, now_ms.parse::<u64>()) {
-                    age = age.min(Duration::from_millis(now.saturating_sub(created)));
-                }
-                q.checked_sub(age)
-                    .map(|left| crate::lock::far_after(Instant::now(), left))
+                quarantine_until(
+                    q,
+                    info_field(&info, "uptime_in_seconds"),
+                    created_ms,
+                    &now_ms,
+                )?
             }
         };
         self.identities
@@ -721,6 +699,48 @@ fn evalsha(script: &LuaScript, keys: &[&str], args: &[&str]) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(&script.sha).arg(keys.len()).arg(keys).arg(args);
     cmd
+}
+
+/// The id part of a server's identity record (`<id>@<created ms>`) and its creation time;
+/// fails for a record this client does not write.
+pub(crate) fn parse_record(
+    record: &str,
+    identity_key: &str,
+) -> Result<(Arc<str>, Option<u64>), NodeError> {
+    let (id, created_ms) = match record.split_once('@') {
+        Some((id, created)) => (id, created.parse::<u64>().ok()),
+        None => (record, None),
+    };
+    if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(NodeError::new(
+            NodeErrorKind::Identity,
+            format!("the server's identity record {identity_key} is not one this client writes"),
+        ));
+    }
+    Ok((id.into(), created_ms))
+}
+
+/// Until when a freshly connected server is in its restart quarantine `q`, from its uptime
+/// (`uptime_in_seconds` of `INFO server`) and the age of its identity record.
+pub(crate) fn quarantine_until(
+    q: Duration,
+    uptime: Option<&str>,
+    created_ms: Option<u64>,
+    now_ms: &str,
+) -> Result<Option<Instant>, NodeError> {
+    let uptime = uptime.and_then(|v| v.parse::<u64>().ok()).ok_or_else(|| {
+        NodeError::new(
+            NodeErrorKind::Server,
+            "INFO server has no uptime_in_seconds",
+        )
+    })?;
+    // Whole seconds round down, so the age is never overstated.
+    let mut age = Duration::from_secs(uptime);
+    if let (Some(created), Ok(now)) = (created_ms, now_ms.parse::<u64>()) {
+        age = age.min(Duration::from_millis(now.saturating_sub(created)));
+    }
+    Ok(q.checked_sub(age)
+        .map(|left| crate::lock::far_after(Instant::now(), left)))
 }
 
 /// The value of `field` in an `INFO` reply.

@@ -28,7 +28,7 @@ impl Token {
     /// Fails only when the operating system's random source is unavailable.
     pub fn random() -> Result<Self, getrandom::Error> {
         let mut bytes = [0u8; TOKEN_BYTES];
-        getrandom::fill(&mut bytes)?;
+        crate::det::fill(&mut bytes)?;
         let mut hex = String::with_capacity(TOKEN_BYTES * 2);
         for b in bytes {
             hex.push(char::from(HEX[usize::from(b >> 4)]));

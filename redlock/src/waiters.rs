@@ -17,14 +17,14 @@
 //! few nodes are reachable to provide them); the other nodes subscribe in the background. A hung
 //! node thus never puts its timeout on the acquire path.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
+
+use crate::det::{HashMap, HashSet};
+use crate::pubsub::{Message, SubClient, SubError, SubSink, SubStream};
 
 /// A channel nobody waited on for this long is unsubscribed (after the next new waiter).
 const IDLE: Duration = Duration::from_secs(30);
@@ -75,7 +75,7 @@ struct NodeTask {
 pub(crate) struct Waiters {
     shared: Arc<Shared>,
     turns: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
-    clients: Vec<redis::Client>,
+    clients: Vec<SubClient>,
     tasks: Mutex<Vec<Option<NodeTask>>>,
     timeout: Duration,
     connect_timeout: Duration,
@@ -127,7 +127,7 @@ impl Waiters {
     /// `timeout` bounds one subscription command and a waiter's wait for confirmations;
     /// `connect_timeout` bounds opening a subscription connection.
     pub(crate) fn new(
-        clients: Vec<redis::Client>,
+        clients: Vec<SubClient>,
         timeout: Duration,
         connect_timeout: Duration,
     ) -> Self {
@@ -135,7 +135,7 @@ impl Waiters {
         Self {
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
-                    channels: HashMap::new(),
+                    channels: HashMap::default(),
                     nodes: (0..n).map(|_| NodeState::default()).collect(),
                 }),
                 changed: Notify::new(),
@@ -280,7 +280,7 @@ enum Ended {
 struct NodeSub {
     shared: Weak<Shared>,
     index: usize,
-    client: redis::Client,
+    client: SubClient,
     poke: Arc<Notify>,
     timeout: Duration,
     connect_timeout: Duration,
@@ -291,10 +291,8 @@ impl NodeSub {
         let mut backoff = BACKOFF_MIN;
         let mut reconnect = false;
         loop {
-            let opened =
-                tokio::time::timeout(self.connect_timeout, self.client.get_async_pubsub()).await;
-            if let Ok(Ok(pubsub)) = opened {
-                let (sink, stream) = pubsub.split();
+            let opened = tokio::time::timeout(self.connect_timeout, self.client.open()).await;
+            if let Ok(Ok((sink, stream))) = opened {
                 match self.serve(sink, stream, &mut reconnect, &mut backoff).await {
                     Ended::Gone => return,
                     Ended::Broken => {}
@@ -319,8 +317,8 @@ impl NodeSub {
     /// Keeps one open connection subscribed to the channels of interest until it breaks.
     async fn serve(
         &self,
-        sink: PubSubSink,
-        mut stream: PubSubStream,
+        sink: SubSink,
+        mut stream: SubStream,
         reconnect: &mut bool,
         backoff: &mut Duration,
     ) -> Ended {
@@ -378,9 +376,7 @@ impl NodeSub {
                 // Nothing to subscribe: make sure the node answers before counting it as up.
                 let mut s = sink.clone();
                 let done = self
-                    .command(&mut stream, async move {
-                        s.ping::<redis::Value>().await.map(drop)
-                    })
+                    .command(&mut stream, async move { s.ping().await })
                     .await;
                 if let Some(ended) = done {
                     return ended;
@@ -410,7 +406,7 @@ impl NodeSub {
             }
             // Forward messages until the channels of interest change.
             loop {
-                tokio::select! {
+                crate::det::select! {
                     () = self.poke.notified() => break,
                     msg = stream.next() => match msg {
                         Some(msg) => {
@@ -427,14 +423,14 @@ impl NodeSub {
 
     /// Runs one subscription command, bounded by the timeout, while forwarding the messages
     /// that arrive meanwhile. `None` if it succeeded.
-    async fn command<F>(&self, stream: &mut PubSubStream, command: F) -> Option<Ended>
+    async fn command<F>(&self, stream: &mut SubStream, command: F) -> Option<Ended>
     where
-        F: Future<Output = redis::RedisResult<()>>,
+        F: Future<Output = Result<(), SubError>>,
     {
         let command = tokio::time::timeout(self.timeout, command);
         let mut command = std::pin::pin!(command);
         loop {
-            tokio::select! {
+            crate::det::select! {
                 result = &mut command => {
                     return match result {
                         Ok(Ok(())) => None,
@@ -454,11 +450,11 @@ impl NodeSub {
     }
 
     /// Wakes the waiters on the message's channel; `false` if the client is gone.
-    fn forward(&self, msg: &redis::Msg) -> bool {
+    fn forward(&self, msg: &Message) -> bool {
         let Some(shared) = self.shared.upgrade() else {
             return false;
         };
-        if let Some(c) = lock(&shared.state).channels.get(msg.get_channel_name()) {
+        if let Some(c) = lock(&shared.state).channels.get(msg.channel()) {
             c.notify.notify_waiters();
         }
         true
