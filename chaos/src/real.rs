@@ -12,7 +12,7 @@ use crate::check::Leftovers;
 use crate::history::{Clock, Monotonic, Op};
 use crate::nemesis::{self, Kind, Schedule, Shape};
 use crate::options::{FenceBackend, Settings};
-use crate::real_faults::RealFaults;
+use crate::real_faults::{self, RealFaults};
 use crate::registers::{MemoryRegister, PgRegister, RedisRegister};
 use crate::report::Outcomes;
 use crate::workload::{self, BlockThread, ClientPlan, PauseSlot, PauseSlots, Register};
@@ -42,6 +42,12 @@ impl Servers {
             .nodes(settings.nodes)
             .proxied(true)
             .persistence(persistence)
+            .fake_clock(
+                settings
+                    .nemesis
+                    .iter()
+                    .any(|k| matches!(k, Kind::ClockForward | Kind::ClockBack)),
+            )
             .start()
             .await
             .map_err(|e| format!("starting {} redis-server nodes: {e}", settings.nodes))?;
@@ -219,7 +225,11 @@ pub async fn run(settings: &Settings) -> Result<Outcomes, String> {
 
     let model = settings.model();
     let schedule = schedule(settings);
-    let faults = RealFaults::new(Arc::clone(&servers.cluster));
+    let mut faults = RealFaults::new(Arc::clone(&servers.cluster));
+    if settings.nemesis.contains(&Kind::KillSnapshot) {
+        faults =
+            faults.with_rolling_snapshots(real_faults::SNAPSHOT_EVERY, real_faults::SNAPSHOT_AGE);
+    }
     let applied = nemesis::run(&schedule, &model, &faults, &slots, &*clock, start).await;
     heal_everything(&servers.cluster);
 

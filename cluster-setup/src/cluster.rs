@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 
+use crate::clock::preload_library;
 use crate::config::{NodeConfig, Persistence, TlsFiles};
 use crate::node::{RedisNode, find_redis_server};
 
@@ -24,6 +25,7 @@ pub struct ClusterBuilder {
     persistence: Persistence,
     args: Vec<(String, String)>,
     tls: Option<TlsFiles>,
+    fake_clock: bool,
 }
 
 impl Default for ClusterBuilder {
@@ -34,6 +36,7 @@ impl Default for ClusterBuilder {
             persistence: Persistence::default(),
             args: Vec::new(),
             tls: None,
+            fake_clock: false,
         }
     }
 }
@@ -73,11 +76,31 @@ impl ClusterBuilder {
         self
     }
 
+    /// Gives every node its own realtime clock that tests can step forward or back with
+    /// [`RedisNode::jump_clock`], as an NTP step would. Default: `false`.
+    ///
+    /// Each redis-server runs with a small preload library (`LD_PRELOAD`, built from
+    /// `src/clock_shift.c` when the testkit is compiled) that adds the node's offset to
+    /// `gettimeofday`, `time`, `timespec_get` and `clock_gettime` of the realtime clocks;
+    /// monotonic clocks, sleeps and timeouts are left alone. Redis 7 keeps key expiry in
+    /// realtime milliseconds, so a jump moves every TTL on that node (see
+    /// [`RedisNode::jump_clock`]). The offset starts at zero and survives restarts.
+    ///
+    /// libfaketime cannot do this for Debian's redis-server: jemalloc reads the clock while
+    /// initialising under its own lock, libfaketime initialises itself inside that call and
+    /// allocates, and the server deadlocks before it listens.
+    pub fn fake_clock(mut self, yes: bool) -> Self {
+        self.fake_clock = yes;
+        self
+    }
+
     /// Starts every node in parallel and waits until each answers `PING`.
     ///
     /// # Errors
     ///
-    /// Fails if `redis-server` cannot be found (the message says how to install it), or if a
+    /// Fails if `redis-server` cannot be found (the message says how to install it), if
+    /// [`fake_clock`](Self::fake_clock) is on but its preload library was not built (a
+    /// [`FakeClockUnavailable`](crate::FakeClockUnavailable) of kind `NotFound`), or if a
     /// node does not become ready within 10 s (the message quotes the end of its log).
     /// Nodes that did start are killed again.
     ///
@@ -90,6 +113,11 @@ impl ClusterBuilder {
             persistence: self.persistence,
             tls: self.tls,
             args: self.args,
+            clock_lib: if self.fake_clock {
+                Some(preload_library()?)
+            } else {
+                None
+            },
         });
         let started =
             join_all((0..self.nodes).map(|_| RedisNode::launch(Arc::clone(&config), self.proxied)))

@@ -85,6 +85,8 @@ pub(crate) struct NodeConfig {
     pub(crate) tls: Option<TlsFiles>,
     /// Extra `--name value` arguments, in order.
     pub(crate) args: Vec<(String, String)>,
+    /// The clock-shifting preload library, if the cluster has fake clocks.
+    pub(crate) clock_lib: Option<PathBuf>,
 }
 
 impl NodeConfig {

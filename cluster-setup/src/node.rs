@@ -1,12 +1,15 @@
 //! One redis-server child process.
 
 use std::fs::{self, File};
+use std::future::Future;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill as send_signal};
@@ -14,8 +17,10 @@ use nix::unistd::Pid;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ConnectionAddr, IntoConnectionInfo, RedisResult};
 use tempfile::TempDir;
+use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
+use crate::clock::{CLOCK_FILE, CLOCK_FILE_ENV, ClockFile};
 use crate::config::{DataOnRestart, NodeConfig, Persistence};
 use crate::proxy::FaultProxy;
 
@@ -39,6 +44,8 @@ const RDB_FILE: &str = "dump.rdb";
 const SNAPSHOT_DIR: &str = "snapshots";
 /// Lines of the node's logs quoted in startup errors.
 const LOG_TAIL_LINES: usize = 20;
+/// A `PING` unanswered for this long means a `DEBUG SLEEP` has started.
+const SLEEP_PROBE_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// One redis-server process owned by the test, on fixed loopback port(s).
 ///
@@ -53,6 +60,8 @@ pub struct RedisNode {
     proxy: Option<FaultProxy>,
     /// Snapshots taken so far, to name the next one.
     snapshots: AtomicU64,
+    /// The offset file of a node with a fake clock.
+    clock: Option<Mutex<ClockFile>>,
     // Declared last so it is deleted after the process is gone (see `Drop`).
     dir: TempDir,
 }
@@ -69,6 +78,13 @@ impl RedisNode {
                 let [port] = free_ports::<1>()?;
                 (port, None)
             };
+            let dir = tempfile::Builder::new()
+                .prefix("redlock-testkit-")
+                .tempdir()?;
+            let clock = match config.clock_lib {
+                Some(_) => Some(Mutex::new(ClockFile::create(&dir.path().join(CLOCK_FILE))?)),
+                None => None,
+            };
             let mut node = RedisNode {
                 config: Arc::clone(&config),
                 port,
@@ -76,9 +92,8 @@ impl RedisNode {
                 child: Mutex::new(None),
                 proxy: None,
                 snapshots: AtomicU64::new(0),
-                dir: tempfile::Builder::new()
-                    .prefix("redlock-testkit-")
-                    .tempdir()?,
+                clock,
+                dir,
             };
             match node.spawn_and_wait(Start::AsConfigured).await {
                 Ok(()) => {
@@ -332,6 +347,199 @@ impl RedisNode {
             .unwrap_or(0)
     }
 
+    /// Steps this node's realtime clock by `delta_ms` milliseconds (negative: back), on top
+    /// of earlier jumps, as an NTP step would; [`clock_offset`](Self::clock_offset) reports
+    /// the sum. Takes effect at the server's next clock read, also while it is paused; a killed
+    /// node starts with it, and the offset survives every kind of restart and snapshot
+    /// restore. Monotonic clocks, sleeps and timeouts are not affected.
+    ///
+    /// Redis 7 computes key expiry from the realtime clock (`gettimeofday`): `SET .. PX ms`
+    /// stores the absolute deadline `now + ms` in Unix milliseconds (and writes it to the AOF
+    /// as `PXAT`), and a key is expired once that clock reaches it, checked lazily on access
+    /// and by the active expire cycle. So a jump of +10 s makes every key with less than 10 s
+    /// left expire at once, and a jump of −10 s gives every key 10 s more; `PTTL`, `TIME` and
+    /// `EXPIRETIME` move with it.
+    ///
+    /// # Errors
+    ///
+    /// [`io::ErrorKind::Unsupported`] unless the cluster was built with
+    /// [`fake_clock(true)`](crate::ClusterBuilder::fake_clock);
+    /// [`io::ErrorKind::InvalidInput`] if the offset would leave ±292 years; otherwise the
+    /// error of writing the node's offset file (the offset is then unchanged).
+    pub fn jump_clock(&self, delta_ms: i64) -> io::Result<()> {
+        let Some(clock) = &self.clock else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "redis-server on port {} has no fake clock: build the cluster with \
+                     fake_clock(true)",
+                    self.port
+                ),
+            ));
+        };
+        lock(clock).jump(delta_ms)
+    }
+
+    /// The sum of every [`jump_clock`](Self::jump_clock) so far, in milliseconds: how far
+    /// this node's realtime clock is ahead of the real one (negative: behind). Always 0
+    /// without [`fake_clock`](crate::ClusterBuilder::fake_clock).
+    pub fn clock_offset(&self) -> i64 {
+        self.clock
+            .as_ref()
+            .map_or(0, |clock| lock(clock).offset_ms())
+    }
+
+    /// `SCRIPT FLUSH SYNC`: the server forgets every cached Lua script, so the next `EVALSHA`
+    /// of each gets a `NOSCRIPT` error.
+    ///
+    /// # Errors
+    ///
+    /// Fails if the node cannot be reached directly within 1 s or does not answer within 2 s.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe; a cancelled call may still flush.
+    pub async fn script_flush(&self) -> io::Result<()> {
+        let mut conn = self.connection().await.map_err(io::Error::other)?;
+        redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .arg("SYNC")
+            .query_async(&mut conn)
+            .await
+            .map_err(io::Error::other)
+    }
+
+    /// `CLIENT KILL TYPE normal SKIPME yes` on a fresh direct connection: the server closes
+    /// every normal client connection except that one — the connections of every client
+    /// under test, and the proxy's upstream connections, which the proxy then closes towards
+    /// its clients. Pub/sub and replication connections are left alone. Returns how many
+    /// connections were closed.
+    ///
+    /// # Errors
+    ///
+    /// Fails if the node cannot be reached directly within 1 s or does not answer within 2 s.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe; a cancelled call may still kill.
+    pub async fn kill_clients(&self) -> io::Result<u64> {
+        let mut conn = self.connection().await.map_err(io::Error::other)?;
+        redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("normal")
+            .arg("SKIPME")
+            .arg("yes")
+            .query_async(&mut conn)
+            .await
+            .map_err(io::Error::other)
+    }
+
+    /// `DEBUG SLEEP`: the server's main thread sleeps for `duration` (millisecond
+    /// resolution). Meanwhile it answers nothing, but the kernel still accepts TCP connections
+    /// for it — a hung server, unlike a [`kill`](Self::kill)ed one, and one that a
+    /// [`pause`](Self::pause) cannot tell apart from the outside except that the process keeps
+    /// running. Every node is started with `--enable-debug-command local` for this.
+    ///
+    /// Returns once the sleep has started — a `PING` on a second connection went unanswered
+    /// for 100 ms — or, for a sleep shorter than that, once it is already over. The returned
+    /// [`DebugSleep`] is a future that completes when the server answers the `DEBUG SLEEP`,
+    /// i.e. when the sleep has ended; dropping it does not shorten the sleep. Nothing blocks
+    /// the caller's runtime: the command is awaited on a spawned task.
+    ///
+    /// On a loaded machine a server that is merely slow for 100 ms is taken as asleep, so the
+    /// call may return a moment before the sleep really started.
+    ///
+    /// # Errors
+    ///
+    /// Fails if the node cannot be reached directly within 1 s, or if `DEBUG SLEEP` is refused
+    /// (e.g. `enable-debug-command` was overridden with [`arg`](crate::ClusterBuilder::arg)).
+    /// The [`DebugSleep`] fails if the server does not answer within `duration` plus 2 s.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe in that the sleep, once sent, goes on by itself.
+    pub async fn debug_sleep(&self, duration: Duration) -> io::Result<DebugSleep> {
+        let mut sleeper = self
+            .connect(CONNECT_TIMEOUT, duration + RESPONSE_TIMEOUT)
+            .await
+            .map_err(io::Error::other)?;
+        let mut probe = self
+            .connect(CONNECT_TIMEOUT, SLEEP_PROBE_TIMEOUT)
+            .await
+            .map_err(io::Error::other)?;
+        let port = self.port;
+        let seconds = format!("{:.3}", duration.as_secs_f64());
+        let mut task = tokio::spawn(async move {
+            redis::cmd("DEBUG")
+                .arg("SLEEP")
+                .arg(seconds)
+                .query_async::<()>(&mut sleeper)
+                .await
+                .map_err(|e| {
+                    io::Error::other(format!("DEBUG SLEEP on redis-server port {port}: {e}"))
+                })
+        });
+        let ping = redis::cmd("PING");
+        loop {
+            let asleep = tokio::select! {
+                biased;
+                finished = &mut task => {
+                    return finished
+                        .map_err(io::Error::other)?
+                        .map(|()| DebugSleep { task: None });
+                }
+                pong = ping.query_async::<()>(&mut probe) => match pong {
+                    Ok(()) => false,
+                    Err(e) if e.is_timeout() => true,
+                    Err(e) => return Err(io::Error::other(e)),
+                },
+            };
+            if asleep {
+                return Ok(DebugSleep { task: Some(task) });
+            }
+            sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Every key matching `pattern` with its `PTTL` in milliseconds (-1: no expiry), sorted
+    /// by key; keys that expire between `KEYS` and `PTTL` are left out. Uses a direct
+    /// connection, never the proxy.
+    ///
+    /// # Errors
+    ///
+    /// Fails if the node cannot be reached directly within 1 s or does not answer within 2 s.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn keys_with_pttl(&self, pattern: &str) -> io::Result<Vec<(String, i64)>> {
+        let mut conn = self.connection().await.map_err(io::Error::other)?;
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(pattern)
+            .query_async(&mut conn)
+            .await
+            .map_err(io::Error::other)?;
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for key in &keys {
+            pipe.cmd("PTTL").arg(key);
+        }
+        let pttls: Vec<i64> = pipe
+            .query_async(&mut conn)
+            .await
+            .map_err(io::Error::other)?;
+        let mut keys: Vec<(String, i64)> = keys
+            .into_iter()
+            .zip(pttls)
+            .filter(|&(_, pttl)| pttl != -2)
+            .collect();
+        keys.sort();
+        Ok(keys)
+    }
+
     /// Connection with explicit timeouts, for quick internal checks.
     pub(crate) async fn connect(
         &self,
@@ -524,6 +732,8 @@ impl RedisNode {
             .arg("no")
             .arg("--protected-mode")
             .arg("no")
+            .arg("--enable-debug-command")
+            .arg("local")
             .arg("--logfile")
             .arg(dir.join("redis.log"));
         let fsync = match self.config.persistence {
@@ -562,6 +772,15 @@ impl RedisNode {
         }
         for (name, value) in &self.config.args {
             cmd.arg(format!("--{name}")).arg(value);
+        }
+        if let Some(lib) = &self.config.clock_lib {
+            let mut preload = lib.as_os_str().to_owned();
+            if let Some(inherited) = std::env::var_os("LD_PRELOAD").filter(|p| !p.is_empty()) {
+                preload.push(":");
+                preload.push(inherited);
+            }
+            cmd.env("LD_PRELOAD", preload)
+                .env(CLOCK_FILE_ENV, dir.join(CLOCK_FILE));
         }
         cmd.stdin(Stdio::null())
             .stdout(output.try_clone()?)
@@ -665,6 +884,28 @@ enum Start {
     FromRdb,
 }
 
+/// The end of a [`RedisNode::debug_sleep`]: a future that completes when the server answers
+/// the `DEBUG SLEEP`, i.e. when the sleep is over, with an error if it did not answer within
+/// the sleep plus 2 s. Dropping it leaves the sleep running.
+#[derive(Debug)]
+pub struct DebugSleep {
+    /// `None` once the sleep is known to be over.
+    task: Option<JoinHandle<io::Result<()>>>,
+}
+
+impl Future for DebugSleep {
+    type Output = io::Result<()>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let Some(task) = self.task.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        let finished = std::task::ready!(Pin::new(task).poll(cx));
+        self.task = None;
+        Poll::Ready(finished.unwrap_or_else(|e| Err(io::Error::other(e))))
+    }
+}
+
 /// A copy of one node's RDB file, taken by [`RedisNode::snapshot`] and put back by
 /// [`RedisNode::restore_snapshot`]. The file lives in the node's directory and is deleted
 /// with the node.
@@ -684,6 +925,11 @@ impl Drop for RedisNode {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Locks a mutex whose data a panic cannot leave inconsistent.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Locates `redis-server`: `$REDIS_SERVER`, else the first match on `$PATH`.

@@ -1,0 +1,259 @@
+//! `RealFaults` on real redis-server processes: each kind does to the nodes what it says, and
+//! its heal undoes what it should.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+use redlock_chaos::nemesis::{Fault, Faults, Kind};
+use redlock_chaos::real_faults::RealFaults;
+use redlock_testkit::{Cluster, Persistence, RedisNode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::{sleep, timeout};
+
+fn fault(kind: Kind, nodes: &[usize], amount: Duration) -> Fault {
+    Fault {
+        id: 0,
+        kind,
+        at: Duration::ZERO,
+        lasts: amount,
+        nodes: nodes.to_vec(),
+        client: None,
+        amount,
+        jitter: Duration::ZERO,
+    }
+}
+
+async fn cluster(nodes: usize, persistence: Persistence, fake_clock: bool) -> Arc<Cluster> {
+    Arc::new(
+        Cluster::builder()
+            .nodes(nodes)
+            .proxied(true)
+            .persistence(persistence)
+            .fake_clock(fake_clock)
+            .start()
+            .await
+            .unwrap(),
+    )
+}
+
+async fn set(node: &RedisNode, key: &str) {
+    let mut conn = node.connection().await.unwrap();
+    let () = conn.set(key, "1").await.unwrap();
+}
+
+async fn exists(node: &RedisNode, key: &str) -> bool {
+    let mut conn = node.connection().await.unwrap();
+    conn.exists(key).await.unwrap()
+}
+
+async fn proxied(node: &RedisNode) -> redis::RedisResult<MultiplexedConnection> {
+    redis::Client::open(node.client_url())?
+        .get_multiplexed_async_connection()
+        .await
+}
+
+async fn ping(conn: &mut MultiplexedConnection) -> redis::RedisResult<String> {
+    redis::cmd("PING").query_async(conn).await
+}
+
+#[tokio::test]
+async fn kill_snapshot_brings_a_node_back_as_it_was_seconds_before_the_kill() {
+    let cluster = cluster(2, Persistence::None, false).await;
+    let node = cluster.node(0);
+    let kill = fault(Kind::KillSnapshot, &[0], Duration::from_millis(200));
+
+    // Without rolling snapshots there is nothing to restore: the node is left alone.
+    let plain = RealFaults::new(Arc::clone(&cluster));
+    let err = plain.inject(&kill).await.unwrap_err();
+    assert!(err.contains("no snapshot"), "{err}");
+    assert!(node.is_running());
+    plain.heal(&kill).await.unwrap();
+    drop(plain);
+
+    let faults = RealFaults::new(Arc::clone(&cluster))
+        .with_rolling_snapshots(Duration::from_millis(200), Duration::from_secs(1));
+    set(node, "old").await;
+    sleep(Duration::from_millis(1600)).await;
+    set(node, "new").await;
+    faults.inject(&kill).await.unwrap();
+    assert!(!node.is_running());
+    assert!(cluster.node(1).is_running());
+    faults.heal(&kill).await.unwrap();
+    assert!(node.is_running());
+    assert!(exists(node, "old").await);
+    assert!(
+        !exists(node, "new").await,
+        "a write of the last second survived"
+    );
+}
+
+#[tokio::test]
+async fn kills_restart_without_data_or_from_the_aof() {
+    let cluster = cluster(1, Persistence::AofAlways, false).await;
+    let node = cluster.node(0);
+    let faults = RealFaults::new(Arc::clone(&cluster));
+
+    set(node, "k").await;
+    let kill_aof = fault(Kind::KillAof, &[0], Duration::from_millis(100));
+    faults.inject(&kill_aof).await.unwrap();
+    assert!(!node.is_running());
+    faults.heal(&kill_aof).await.unwrap();
+    assert!(exists(node, "k").await, "kill-aof lost an fsynced write");
+
+    let kill = fault(Kind::Kill, &[0], Duration::from_millis(100));
+    faults.inject(&kill).await.unwrap();
+    assert!(!node.is_running());
+    faults.heal(&kill).await.unwrap();
+    assert!(!exists(node, "k").await, "kill kept the data");
+}
+
+#[tokio::test]
+async fn clock_faults_step_the_nodes_clocks_and_stay() {
+    let cluster = cluster(2, Persistence::None, true).await;
+    let faults = RealFaults::new(Arc::clone(&cluster));
+    let mut conn = cluster.node(0).connection().await.unwrap();
+    let () = redis::cmd("SET")
+        .arg("lock")
+        .arg("token")
+        .arg("PX")
+        .arg(5_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    let forward = fault(Kind::ClockForward, &[0], Duration::from_secs(10));
+    faults.inject(&forward).await.unwrap();
+    faults.heal(&forward).await.unwrap();
+    assert_eq!(cluster.node(0).clock_offset(), 10_000);
+    assert_eq!(cluster.node(1).clock_offset(), 0);
+    let lock: Option<String> = conn.get("lock").await.unwrap();
+    assert_eq!(lock, None, "a 5 s key survived a 10 s step forward");
+
+    let back = fault(Kind::ClockBack, &[0, 1], Duration::from_secs(3));
+    faults.inject(&back).await.unwrap();
+    faults.heal(&back).await.unwrap();
+    assert_eq!(cluster.node(0).clock_offset(), 7_000);
+    assert_eq!(cluster.node(1).clock_offset(), -3_000);
+
+    // Without fake clocks the step is reported, not silently skipped.
+    let plain = cluster_without_fake_clock().await;
+    let err = RealFaults::new(plain).inject(&forward).await.unwrap_err();
+    assert!(err.contains("fake_clock"), "{err}");
+}
+
+async fn cluster_without_fake_clock() -> Arc<Cluster> {
+    cluster(1, Persistence::None, false).await
+}
+
+#[tokio::test]
+async fn churn_kills_connections_until_healed() {
+    let cluster = cluster(1, Persistence::None, false).await;
+    let node = cluster.node(0);
+    let faults = RealFaults::new(Arc::clone(&cluster));
+    let churn = fault(Kind::Churn, &[0], Duration::from_secs(1));
+    faults.inject(&churn).await.unwrap();
+
+    // A connection opened during the churn is closed within a few rounds.
+    let mut died = false;
+    for _ in 0..20 {
+        match proxied(node).await {
+            Ok(mut conn) => {
+                sleep(Duration::from_millis(250)).await;
+                if ping(&mut conn).await.is_err() {
+                    died = true;
+                    break;
+                }
+            }
+            Err(_) => {
+                died = true;
+                break;
+            }
+        }
+    }
+    assert!(died, "no connection was killed during churn");
+
+    faults.heal(&churn).await.unwrap();
+    let mut conn = proxied(node).await.unwrap();
+    sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        ping(&mut conn).await.unwrap(),
+        "PONG",
+        "churn went on after heal"
+    );
+}
+
+#[tokio::test]
+async fn debug_sleep_hangs_the_node_until_healed() {
+    let cluster = cluster(1, Persistence::None, false).await;
+    let node = cluster.node(0);
+    let faults = RealFaults::new(Arc::clone(&cluster));
+    let hang = fault(Kind::DebugSleep, &[0], Duration::from_millis(1200));
+    faults.inject(&hang).await.unwrap();
+
+    let mut stream = TcpStream::connect(node.addr()).await.unwrap();
+    stream.write_all(b"PING\r\n").await.unwrap();
+    let mut buf = [0u8; 16];
+    let early = timeout(Duration::from_millis(300), stream.read(&mut buf)).await;
+    assert!(early.is_err(), "the sleeping node answered: {early:?}");
+
+    // The nemesis heals after `lasts`; by then the sleep is (about) over.
+    sleep(hang.lasts).await;
+    faults.heal(&hang).await.unwrap();
+    let n = timeout(Duration::from_millis(500), stream.read(&mut buf))
+        .await
+        .expect("no answer after the heal")
+        .unwrap();
+    assert_eq!(&buf[..n], b"+PONG\r\n");
+}
+
+#[tokio::test]
+async fn pause_proxy_and_server_side_faults() {
+    let cluster = cluster(2, Persistence::None, false).await;
+    let (node, other) = (cluster.node(0), cluster.node(1));
+    let faults = RealFaults::new(Arc::clone(&cluster));
+    let mut conn = proxied(node).await.unwrap();
+    let mut other_conn = proxied(other).await.unwrap();
+
+    let pause = fault(Kind::NodePause, &[0], Duration::from_millis(100));
+    faults.inject(&pause).await.unwrap();
+    let stalled = timeout(Duration::from_millis(200), ping(&mut conn)).await;
+    assert!(stalled.is_err(), "a paused node answered: {stalled:?}");
+    faults.heal(&pause).await.unwrap();
+    let pong = timeout(Duration::from_secs(2), ping(&mut conn)).await;
+    assert_eq!(pong.unwrap().unwrap(), "PONG");
+
+    let partition = fault(Kind::Partition, &[0], Duration::from_millis(100));
+    faults.inject(&partition).await.unwrap();
+    assert!(ping(&mut conn).await.is_err());
+    assert_eq!(ping(&mut other_conn).await.unwrap(), "PONG");
+    faults.heal(&partition).await.unwrap();
+    let mut conn = proxied(node).await.unwrap();
+    assert_eq!(ping(&mut conn).await.unwrap(), "PONG");
+
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg("return 1")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let flush = fault(Kind::ScriptFlush, &[0], Duration::ZERO);
+    faults.inject(&flush).await.unwrap();
+    faults.heal(&flush).await.unwrap();
+    let err = redis::cmd("EVALSHA")
+        .arg(&sha)
+        .arg(0)
+        .query_async::<i64>(&mut conn)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("NOSCRIPT"), "{err}");
+
+    let client_kill = fault(Kind::ClientKill, &[0], Duration::ZERO);
+    faults.inject(&client_kill).await.unwrap();
+    faults.heal(&client_kill).await.unwrap();
+    let after = timeout(Duration::from_secs(2), ping(&mut conn)).await;
+    assert!(matches!(after, Ok(Err(_))), "{after:?}");
+    assert_eq!(ping(&mut other_conn).await.unwrap(), "PONG");
+}
