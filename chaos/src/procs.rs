@@ -24,8 +24,7 @@ use crate::check::Leftovers;
 use crate::history::{Clock, Monotonic, Op};
 use crate::nemesis::{self, Pauser};
 use crate::options::{FenceBackend, Settings};
-use crate::real::{PANICS, Servers, final_values, heal_everything, schedule};
-use crate::real_faults::RealFaults;
+use crate::real::{PANICS, Servers, final_values, heal_everything, node_faults, schedule};
 use crate::registers::{PgRegister, RedisRegister};
 use crate::report::Outcomes;
 use crate::workload::{self, ClientPlan, PauseSlot, Register, Stop};
@@ -316,7 +315,7 @@ pub(crate) async fn run(settings: &Settings) -> Result<Outcomes, String> {
     }
 
     let model = settings.model();
-    let faults = RealFaults::new(Arc::clone(&servers.cluster));
+    let faults = node_faults(settings, &servers);
     let pauser = ProcessPauser { workers: pausers };
     let applied = nemesis::run(&schedule(settings), &model, &faults, &pauser, &clock, start).await;
     heal_everything(&servers.cluster);

@@ -225,11 +225,7 @@ pub async fn run(settings: &Settings) -> Result<Outcomes, String> {
 
     let model = settings.model();
     let schedule = schedule(settings);
-    let mut faults = RealFaults::new(Arc::clone(&servers.cluster));
-    if settings.nemesis.contains(&Kind::KillSnapshot) {
-        faults =
-            faults.with_rolling_snapshots(real_faults::SNAPSHOT_EVERY, real_faults::SNAPSHOT_AGE);
-    }
+    let faults = node_faults(settings, &servers);
     let applied = nemesis::run(&schedule, &model, &faults, &slots, &*clock, start).await;
     heal_everything(&servers.cluster);
 
@@ -272,6 +268,16 @@ pub async fn run(settings: &Settings) -> Result<Outcomes, String> {
         leftovers,
         span: (start_ns, end_ns),
     })
+}
+
+/// The node faults of a run (with rolling snapshots when `kill-snapshot` may strike).
+pub(crate) fn node_faults(settings: &Settings, servers: &Servers) -> RealFaults {
+    let faults = RealFaults::new(Arc::clone(&servers.cluster));
+    if settings.nemesis.contains(&Kind::KillSnapshot) {
+        faults.with_rolling_snapshots(real_faults::SNAPSHOT_EVERY, real_faults::SNAPSHOT_AGE)
+    } else {
+        faults
+    }
 }
 
 /// The schedule of a run.
