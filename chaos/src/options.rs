@@ -96,6 +96,19 @@ impl Settings {
         }
     }
 
+    /// Client `id`'s part of the workload, until `until`.
+    pub fn plan(&self, id: usize, until: tokio::time::Instant) -> crate::workload::ClientPlan {
+        crate::workload::ClientPlan {
+            id: id as u32,
+            resources: self.resources,
+            seed: self.seed,
+            until,
+            fencing: self.fencing,
+            hold: self.hold(),
+            tasks: self.tasks,
+        }
+    }
+
     /// How long a guarded hold lasts: past three renewals.
     pub fn hold(&self) -> Duration {
         self.ttl.mul_f64(1.2)

@@ -125,7 +125,7 @@ pub async fn worker(args: WorkerArgs) -> Result<(), String> {
                 .await
                 .map_err(|e| format!("PostgreSQL: {e}"))?;
             tokio::spawn(conn);
-            Arc::new(PgRegister::new(pg, s.resources).await?)
+            Arc::new(PgRegister::new(pg))
         }
         _ => return Err("a worker needs a redis or pg register".to_owned()),
     };

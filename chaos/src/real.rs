@@ -15,7 +15,7 @@ use crate::options::{FenceBackend, Settings};
 use crate::real_faults::{self, RealFaults};
 use crate::registers::{MemoryRegister, PgRegister, RedisRegister};
 use crate::report::Outcomes;
-use crate::workload::{self, BlockThread, ClientPlan, PauseSlot, PauseSlots, Register};
+use crate::workload::{self, BlockThread, PauseSlot, PauseSlots, Register};
 
 /// Panics seen by the panic hook during the run.
 pub static PANICS: AtomicUsize = AtomicUsize::new(0);
@@ -60,11 +60,17 @@ impl Servers {
             _ => None,
         };
         let pg = match settings.fence {
-            FenceBackend::Pg => Some(
-                PgServer::start()
+            FenceBackend::Pg => {
+                let pg = PgServer::start()
                     .await
-                    .map_err(|e| format!("starting PostgreSQL: {e}"))?,
-            ),
+                    .map_err(|e| format!("starting PostgreSQL: {e}"))?;
+                let client = pg
+                    .connect()
+                    .await
+                    .map_err(|e| format!("connecting to PostgreSQL: {e}"))?;
+                PgRegister::create(&client, settings.resources).await?;
+                Some(pg)
+            }
             _ => None,
         };
         Ok(Servers {
@@ -151,21 +157,12 @@ pub async fn run(settings: &Settings) -> Result<Outcomes, String> {
     let mut threads = Vec::new();
     for id in 0..settings.clients {
         let client = redlock(settings, &urls)?;
-        let plan = ClientPlan {
-            id: id as u32,
-            resources: settings.resources,
-            seed: settings.seed,
-            until,
-            fencing: settings.fencing,
-            hold: settings.hold(),
-            tasks: settings.tasks,
-        };
+        let plan = settings.plan(id, until);
         let register = memory.clone();
         let redis_url = servers.register_server().map(RedisNode::url);
         let pg = servers.pg.as_ref().map(PgServer::config);
         let clock = Arc::clone(&clock);
         let pause = Arc::clone(&slots.0[id]);
-        let resources = settings.resources;
         let thread = std::thread::Builder::new()
             .name(format!("chaos-client-{id}"))
             .spawn(move || -> Result<ClientRun, String> {
@@ -190,7 +187,7 @@ pub async fn run(settings: &Settings) -> Result<Outcomes, String> {
                                 .await
                                 .map_err(|e| format!("PostgreSQL: {e}"))?;
                             tokio::spawn(conn);
-                            Arc::new(PgRegister::new(client, resources).await?)
+                            Arc::new(PgRegister::new(client))
                         }
                         _ => return Err("no register backend".to_owned()),
                     };
@@ -320,10 +317,7 @@ pub(crate) async fn final_values(
             Err(_) => None,
         },
         (None, None, Some(pg)) => match pg.connect().await {
-            Ok(client) => PgRegister::new(client, settings.resources)
-                .await
-                .ok()
-                .map(|r| Arc::new(r) as Arc<dyn Register>),
+            Ok(client) => Some(Arc::new(PgRegister::new(client))),
             Err(_) => None,
         },
         _ => None,

@@ -30,6 +30,22 @@ fn rejected(e: &FenceError) -> Rmw {
     }
 }
 
+/// The result of a read-modify-write whose read returned `read` and whose write ended with
+/// `wrote` (the failure already classified).
+fn written(read: i64, wrote: Result<(), Rmw>) -> Rmw {
+    match wrote {
+        Ok(()) => Rmw {
+            read: Some(read),
+            outcome: Outcome::Ok,
+            error: None,
+        },
+        Err(failed) => Rmw {
+            read: Some(read),
+            ..failed
+        },
+    }
+}
+
 /// Registers in this process, fenced by a [`MemoryFence`].
 #[derive(Debug, Default)]
 pub struct MemoryRegister {
@@ -82,17 +98,7 @@ impl Register for MemoryRegister {
                     Ok(())
                 }
             };
-            match wrote {
-                Ok(()) => Rmw {
-                    read: Some(read),
-                    outcome: Outcome::Ok,
-                    error: None,
-                },
-                Err(e) => Rmw {
-                    read: Some(read),
-                    ..rejected(&e)
-                },
-            }
+            written(read, wrote.map_err(|e| rejected(&e)))
         })
     }
 
@@ -162,17 +168,7 @@ impl Register for RedisRegister {
                     .await
                     .map_err(FenceError::from),
             };
-            match wrote {
-                Ok(()) => Rmw {
-                    read: Some(read),
-                    outcome: Outcome::Ok,
-                    error: None,
-                },
-                Err(e) => Rmw {
-                    read: Some(read),
-                    ..rejected(&e)
-                },
-            }
+            written(read, wrote.map_err(|e| rejected(&e)))
         })
     }
 
@@ -190,14 +186,14 @@ pub struct PgRegister {
 }
 
 impl PgRegister {
-    /// Creates the fence's schema and a register table with `resources` rows at zero.
+    /// Creates the fence's schema and a register table with `resources` rows at zero (once,
+    /// before the clients start: concurrent `CREATE … IF NOT EXISTS` can collide).
     ///
     /// # Errors
     /// Any PostgreSQL error, as text.
-    pub async fn new(client: tokio_postgres::Client, resources: u32) -> Result<Self, String> {
-        let fence = PgFence::new();
-        fence
-            .create_schema(&client)
+    pub async fn create(client: &tokio_postgres::Client, resources: u32) -> Result<(), String> {
+        PgFence::new()
+            .create_schema(client)
             .await
             .map_err(|e| e.to_string())?;
         client
@@ -205,7 +201,7 @@ impl PgRegister {
                 "CREATE TABLE IF NOT EXISTS chaos_register (resource TEXT PRIMARY KEY, value BIGINT NOT NULL)",
             )
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| format!("creating the register table: {e:?}"))?;
         for r in 0..resources {
             client
                 .execute(
@@ -213,12 +209,17 @@ impl PgRegister {
                     &[&resource_name(r)],
                 )
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| format!("creating register {r}: {e:?}"))?;
         }
-        Ok(Self {
-            fence,
+        Ok(())
+    }
+
+    /// Registers over `client`, in the tables [`create`](Self::create) made.
+    pub fn new(client: tokio_postgres::Client) -> Self {
+        Self {
+            fence: PgFence::new(),
             client: Arc::new(tokio::sync::Mutex::new(client)),
-        })
+        }
     }
 }
 
@@ -267,17 +268,7 @@ impl Register for PgRegister {
                 Ok(_) => tx.commit().await,
                 Err(e) => Err(e),
             };
-            match committed {
-                Ok(()) => Rmw {
-                    read: Some(read),
-                    outcome: Outcome::Ok,
-                    error: None,
-                },
-                Err(e) => Rmw {
-                    read: Some(read),
-                    ..unknown(e)
-                },
-            }
+            written(read, committed.map_err(unknown))
         })
     }
 

@@ -21,7 +21,7 @@ use crate::options::Settings;
 use crate::real::{builder, schedule};
 use crate::registers::MemoryRegister;
 use crate::report::{self, Outcomes, Summary};
-use crate::workload::{self, ClientPlan, PauseSlot, PauseSlots, Register, Stop};
+use crate::workload::{self, PauseSlot, PauseSlots, Register, Stop};
 
 /// Node faults on simulated nodes.
 struct SimFaults {
@@ -157,15 +157,7 @@ async fn simulate(settings: &Settings) -> Result<Outcomes, String> {
     let ops: Arc<Mutex<Vec<Op>>> = Arc::default();
     let mut clients = Vec::new();
     for id in 0..settings.clients {
-        let plan = ClientPlan {
-            id: id as u32,
-            resources: settings.resources,
-            seed: settings.seed,
-            until,
-            fencing: settings.fencing,
-            hold: settings.hold(),
-            tasks: settings.tasks,
-        };
+        let plan = settings.plan(id, until);
         let sink = Arc::clone(&ops);
         clients.push(workload::client(
             plan,
