@@ -227,7 +227,7 @@ impl<B: Backend> Core<B> {
                 return Err(e);
             }
         };
-        phase.keep();
+        let granted = phase.keep();
         let mut claims: Vec<Claim> = d.claims.into_iter().flatten().collect();
         claims.sort_by(|a, b| a.node.cmp(&b.node));
         Ok(Lock {
@@ -237,6 +237,7 @@ impl<B: Backend> Core<B> {
             ttl,
             valid_until: Deadline::after(started, elapsed + left),
             claims,
+            granted: Some(granted),
             origin: Arc::clone(&self.origin),
             taker: self.instance,
         })

@@ -296,9 +296,11 @@ impl<B: Backend> Phase<B> {
     }
 
     /// The attempt succeeded and the caller owns the result: late grants belong to the lock,
-    /// and the lock's release reaches every node.
-    pub(crate) fn keep(mut self) {
+    /// and the lock's release reaches every node. The returned handle sees the claims of grants
+    /// that arrive after the decision too.
+    pub(crate) fn keep(mut self) -> Granted {
         self.cleanup = None;
+        Granted(Arc::clone(&self.state))
     }
 
     /// Gives up the attempt now (consumes the phase; same as dropping it).
@@ -320,6 +322,19 @@ impl<B: Backend> Drop for Phase<B> {
         for i in targets {
             send_cleanup(&self.backend, i, Arc::clone(&cleanup), self.name);
         }
+    }
+}
+
+/// The claims of a kept acquire, including grants that arrived after the quorum decision.
+#[derive(Clone)]
+pub(crate) struct Granted(Arc<Mutex<State>>);
+
+impl Granted {
+    /// Every claim received so far, sorted by node name.
+    pub(crate) fn claims(&self) -> Vec<Claim> {
+        let mut claims: Vec<Claim> = lock(&self.0).claims.iter().flatten().cloned().collect();
+        claims.sort_by(|a, b| a.node.cmp(&b.node));
+        claims
     }
 }
 

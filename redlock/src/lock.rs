@@ -148,6 +148,8 @@ pub struct Lock {
     pub(crate) ttl: Duration,
     pub(crate) valid_until: Deadline,
     pub(crate) claims: Vec<Claim>,
+    /// Every grant's claim, those that arrived after the quorum decision included.
+    pub(crate) granted: Option<crate::engine::Granted>,
     /// The node list of the client that took it.
     pub(crate) origin: Arc<str>,
     /// The client instance that took it.
@@ -204,23 +206,24 @@ impl Lock {
         &self.claims
     }
 
-    /// The lock's fencing token: the granting quorum's claims as a [`fencing::FenceToken`],
-    /// for the protected resource to check (`docs/fencing.md`).
+    /// The lock's fencing token, for the protected resource to check (`docs/fencing.md`): the
+    /// claims of every node that granted it so far — the quorum's, and those that arrived after
+    /// the decision (the more nodes a token names, the more likely it shares one with the
+    /// resource's high water after nodes restarted without their data; a token that shares
+    /// none is refused as `Unrelated`).
     ///
     /// `None` when the lock has no claims (`claim_stamps(false)`), or when they cannot form a
     /// token: more than [`fencing::MAX_CLAIMS`] nodes, or a node name that is empty or longer
     /// than [`fencing::MAX_NODE_NAME_LEN`] bytes.
     pub fn fence(&self) -> Option<fencing::FenceToken> {
-        if self.claims.is_empty() {
+        let all = self.granted.as_ref().map(crate::engine::Granted::claims);
+        let claims = all.as_deref().unwrap_or(&self.claims);
+        if claims.is_empty() {
             return None;
         }
-        fencing::FenceToken::new(
-            self.claims
-                .iter()
-                .map(|c| (Arc::clone(&c.node), c.stamp_us)),
-        )
-        .map_err(|e| tracing::warn!(error = %e, "lock claims do not form a fence token"))
-        .ok()
+        fencing::FenceToken::new(claims.iter().map(|c| (Arc::clone(&c.node), c.stamp_us)))
+            .map_err(|e| tracing::warn!(error = %e, "lock claims do not form a fence token"))
+            .ok()
     }
 }
 

@@ -1,0 +1,67 @@
+//! A lock's fence token names every node that granted it, not only the first quorum to answer.
+//!
+//! A node that restarts without its data comes back under a new identity, so a token naming
+//! only restarted nodes shares no node with a resource's high water and is refused as
+//! `Unrelated` — for good, once every node the high water knows has restarted. Tokens that
+//! also name the nodes which granted after the quorum decision keep sharing a node with it.
+
+use std::time::Duration;
+
+use fencing::{Admission, MemoryFence};
+use redlock::Redlock;
+use redlock_testkit::{Cluster, DataOnRestart};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_name_the_nodes_that_granted_after_the_quorum() {
+    let cluster = Cluster::builder()
+        .nodes(5)
+        .proxied(true)
+        .start()
+        .await
+        .expect("cluster");
+    let client = Redlock::builder()
+        .nodes(cluster.urls())
+        .node_timeout(Duration::from_millis(300))
+        .build()
+        .expect("valid config");
+    let fence = MemoryFence::new();
+    // Connections (and their handshakes) first, at full speed.
+    client.connect().await;
+    // Nodes 3 and 4 answer 40 ms late: the quorum that decides is {0, 1, 2}.
+    for i in [3, 4] {
+        let proxy = cluster.node(i).proxy().expect("proxied");
+        proxy.set_delay(Duration::from_millis(40), Duration::ZERO);
+    }
+    let first = client.acquire("orders").await.expect("free");
+    assert_eq!(first.claims().len(), 3, "decided at the quorum");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let first_token = first.fence().expect("claim stamps are on");
+    assert!(matches!(
+        fence.admit("orders", &first_token),
+        Ok(Admission::Advanced)
+    ));
+    client.release(first).await.expect("release");
+
+    // Nodes 0, 1, 2 restart without their data (new identities); 3 and 4 are still slow, so
+    // the next grant's quorum is made of restarted nodes only.
+    for i in [0, 1, 2] {
+        cluster
+            .node(i)
+            .restart(DataOnRestart::Wipe)
+            .await
+            .expect("restart");
+    }
+    let second = client.acquire("orders").await.expect("free again");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let token = second.fence().expect("claim stamps are on");
+    let admitted = fence.admit("orders", &token);
+    assert!(
+        matches!(admitted, Ok(Admission::Advanced)),
+        "a newer grant was refused ({admitted:?}): {token} against {}",
+        fence.high_water("orders")
+    );
+    // Both tokens name all five nodes, the late grants included.
+    assert_eq!(first_token.len(), 5, "{first_token}");
+    assert_eq!(token.len(), 5, "{token}");
+    client.release(second).await.expect("release");
+}
