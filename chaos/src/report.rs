@@ -18,6 +18,8 @@ pub struct Counts {
     pub total: usize,
     /// `kind/outcome` → count.
     pub by_kind: BTreeMap<String, usize>,
+    /// Writes refused or unknown, by reason (`Stale`, `Unrelated`, …).
+    pub write_failures: BTreeMap<String, usize>,
 }
 
 /// Faults of one kind in a run.
@@ -111,6 +113,11 @@ pub fn analyze(mode: &'static str, settings: &Settings, out: &Outcomes) -> Summa
     for op in &out.ops {
         let key = format!("{}/{}", kind_name(op.kind), outcome_name(op.outcome));
         *ops.by_kind.entry(key).or_default() += 1;
+        if op.kind == Kind::Write
+            && let Some(e) = &op.error
+        {
+            *ops.write_failures.entry(e.clone()).or_default() += 1;
+        }
     }
     let mut faults: BTreeMap<String, FaultCount> = BTreeMap::new();
     for f in &out.faults {
@@ -223,6 +230,15 @@ pub fn render(s: &Summary) -> String {
         .map(|(k, n)| format!("{k} {n}"))
         .collect();
     let _ = writeln!(out, "  {}", by.join(", "));
+    if !s.ops.write_failures.is_empty() {
+        let why: Vec<String> = s
+            .ops
+            .write_failures
+            .iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        let _ = writeln!(out, "  writes not done: {}", why.join(", "));
+    }
     let _ = writeln!(
         out,
         "\nfaults injected: {}",
