@@ -247,9 +247,18 @@ pub fn availability(ops: &[Op], faults: &[Applied], start: u64, end: u64) -> Ava
     let mut in_faults = 0;
     let mut per: HashMap<FaultKind, (usize, u64, usize, Vec<f64>, usize)> = HashMap::new();
     for (i, f) in faults.iter().enumerate() {
-        let during = f.healed.saturating_sub(f.injected);
+        // An instantaneous fault (a clock step, a script flush) has no "during".
+        let during = if f.fault.lasts.is_zero() {
+            0
+        } else {
+            f.healed.saturating_sub(f.injected)
+        };
         fault_time += during;
-        let n = count_in(f.injected, f.healed);
+        let n = if during == 0 {
+            0
+        } else {
+            count_in(f.injected, f.healed)
+        };
         in_faults += n;
         let e = per.entry(f.fault.kind).or_default();
         e.0 += 1;
@@ -270,7 +279,7 @@ pub fn availability(ops: &[Op], faults: &[Applied], start: u64, end: u64) -> Ava
             KindFigures {
                 kind,
                 count,
-                rate_during: (time >= 1_000_000).then(|| n as f64 / secs(time)),
+                rate_during: (time > 0).then(|| n as f64 / secs(time)),
                 recovery_ms: (!rec.is_empty())
                     .then(|| [pct(&rec, 0.5), pct(&rec, 0.99), rec[rec.len() - 1]]),
                 never_recovered: never,
@@ -470,7 +479,7 @@ mod tests {
                 id: 0,
                 kind: FaultKind::Partition,
                 at: Duration::ZERO,
-                lasts: Duration::ZERO,
+                lasts: Duration::from_secs(1),
                 nodes: vec![0],
                 client: None,
                 amount: Duration::ZERO,
