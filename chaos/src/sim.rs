@@ -27,6 +27,27 @@ use crate::workload::{self, PauseSlot, PauseSlots, Register, Stop};
 struct SimFaults {
     cluster: SimCluster,
     churning: Mutex<Vec<Arc<AtomicBool>>>,
+    /// Each node's clock steps so far (ms), to set the clocks right at the end.
+    offsets: Mutex<Vec<i64>>,
+}
+
+impl SimFaults {
+    fn jump(&self, i: usize, ms: i64) {
+        self.cluster.jump_clock(i, ms);
+        self.offsets.lock().unwrap_or_else(PoisonError::into_inner)[i] += ms;
+    }
+
+    /// Clears every fault and sets every stepped clock right.
+    fn heal_everything(&self) {
+        let mut offsets = self.offsets.lock().unwrap_or_else(PoisonError::into_inner);
+        for (i, offset) in offsets.iter_mut().enumerate() {
+            self.cluster.clear_faults(i);
+            if *offset != 0 {
+                self.cluster.jump_clock(i, -*offset);
+                *offset = 0;
+            }
+        }
+    }
 }
 
 impl Faults for SimFaults {
@@ -42,8 +63,8 @@ impl Faults for SimFaults {
                     }
                     Kind::Delay => c.set_delay(i, fault.amount, fault.jitter),
                     Kind::Drop => c.set_loss(i, 0.5),
-                    Kind::ClockForward => c.jump_clock(i, fault.amount.as_millis() as i64),
-                    Kind::ClockBack => c.jump_clock(i, -(fault.amount.as_millis() as i64)),
+                    Kind::ClockForward => self.jump(i, fault.amount.as_millis() as i64),
+                    Kind::ClockBack => self.jump(i, -(fault.amount.as_millis() as i64)),
                     Kind::ScriptFlush => c.script_flush(i),
                     Kind::ClientKill => c.kill_connections(i),
                     Kind::Churn => {
@@ -174,6 +195,7 @@ async fn simulate(settings: &Settings) -> Result<Outcomes, String> {
     let faults = SimFaults {
         cluster: cluster.clone(),
         churning: Mutex::default(),
+        offsets: Mutex::new(vec![0; cluster.len()]),
     };
     let model = settings.model();
     let schedule = schedule(settings);
@@ -184,9 +206,7 @@ async fn simulate(settings: &Settings) -> Result<Outcomes, String> {
         }
     );
     let end_ns = clock.now();
-    for i in 0..cluster.len() {
-        cluster.clear_faults(i);
-    }
+    faults.heal_everything();
     // Dropped guards release in the background; leftover keys must expire within a TTL.
     tokio::time::sleep(settings.ttl + Duration::from_millis(500)).await;
     let mut leftovers = Leftovers::default();
@@ -255,6 +275,19 @@ pub fn main(settings: Settings, count: u64, threads: usize, json: Option<PathBuf
                         ..settings.clone()
                     };
                     let result = history(&one);
+                    if count == 1
+                        && let Ok((summary, outcomes)) = &result
+                    {
+                        // A replay: show the history's summary and its faults.
+                        print!("{}", report::render(summary));
+                        for f in &outcomes.faults {
+                            println!(
+                                "  fault at {:.3} s: {}",
+                                f.injected as f64 / 1e9,
+                                f.fault.describe()
+                            );
+                        }
+                    }
                     let mut b = batch.lock().unwrap_or_else(PoisonError::into_inner);
                     b.histories += 1;
                     match result {
