@@ -292,17 +292,18 @@ pub(crate) fn schedule(settings: &Settings) -> Schedule {
     )
 }
 
-/// Resumes every node, clears every proxy fault and sets every stepped clock right again (a
-/// fault that failed to heal must not leak into the hygiene check, and a node whose clock was
-/// stepped back would keep its keys past the TTL).
+/// Resumes every node, clears every proxy fault and sets every clock that was left behind right
+/// again (a fault that failed to heal must not leak into the hygiene check, and a node whose
+/// clock was stepped back would keep its keys past the TTL).
 pub(crate) fn heal_everything(cluster: &Cluster) {
     for node in cluster.nodes() {
         node.resume();
         if let Some(p) = node.proxy() {
             p.heal();
         }
+        // Only a clock left behind is set right: stepping one back would keep keys longer.
         let offset = node.clock_offset();
-        if offset != 0
+        if offset < 0
             && let Err(e) = node.jump_clock(-offset)
         {
             tracing::warn!(error = %e, "could not set a node's clock right");
