@@ -344,6 +344,28 @@ pub struct Applied {
     pub error: Option<String>,
 }
 
+/// For each of `nodes` nodes, how far (ms) to step its clock forward after the run so that it
+/// is back at the furthest point it ever reached: a key set while a clock was ahead lives on
+/// after the clock is stepped back, and the hygiene check must not wait for that. Never steps a
+/// clock back.
+pub fn clock_catch_up(applied: &[Applied], nodes: usize) -> Vec<i64> {
+    let mut now = vec![0i64; nodes];
+    let mut max = vec![0i64; nodes];
+    for a in applied.iter().filter(|a| a.error.is_none()) {
+        let step = a.fault.amount.as_millis() as i64;
+        let step = match a.fault.kind {
+            Kind::ClockForward => step,
+            Kind::ClockBack => -step,
+            _ => continue,
+        };
+        for &i in a.fault.nodes.iter().filter(|&&i| i < nodes) {
+            now[i] += step;
+            max[i] = max[i].max(now[i]);
+        }
+    }
+    now.iter().zip(&max).map(|(n, m)| m - n).collect()
+}
+
 /// Runs `schedule` from `start` (a reading of `clock`): injects each fault at its time, heals
 /// it when it has lasted, and returns what was done.
 pub async fn run(
@@ -416,6 +438,44 @@ mod tests {
             assert!(f.nodes.iter().all(|&n| n < 5), "{f:?}");
             assert_eq!(f.kind.on_nodes(), f.client.is_none(), "{f:?}");
         }
+    }
+
+    #[test]
+    fn clocks_catch_up_to_the_furthest_point_they_reached() {
+        let step = |kind, nodes: Vec<usize>, ms: u64, error: Option<String>| Applied {
+            fault: Fault {
+                id: 0,
+                kind,
+                at: Duration::ZERO,
+                lasts: Duration::ZERO,
+                nodes,
+                client: None,
+                amount: Duration::from_millis(ms),
+                jitter: Duration::ZERO,
+            },
+            injected: 0,
+            healed: 0,
+            in_model: InModel {
+                mutex: true,
+                fenced: true,
+            },
+            error,
+        };
+        let applied = [
+            step(Kind::ClockForward, vec![1, 2], 700, None),
+            step(Kind::ClockBack, vec![0, 1, 2], 2400, None),
+            step(Kind::ClockForward, vec![2], 1000, None),
+            step(Kind::ClockBack, vec![2], 3600, None),
+            step(
+                Kind::ClockBack,
+                vec![0],
+                5000,
+                Some("inject: refused".into()),
+            ),
+        ];
+        // Node 0: back 2400 (the failed step does not count); node 1: +700 then back to -1700;
+        // node 2: +700, -1700, -700, -4300: its furthest point was +700.
+        assert_eq!(clock_catch_up(&applied, 4), vec![2400, 2400, 5000, 0]);
     }
 
     #[test]

@@ -318,7 +318,7 @@ pub(crate) async fn run(settings: &Settings) -> Result<Outcomes, String> {
     let faults = node_faults(settings, &servers);
     let pauser = ProcessPauser { workers: pausers };
     let applied = nemesis::run(&schedule(settings), &model, &faults, &pauser, &clock, start).await;
-    heal_everything(&servers.cluster);
+    heal_everything(&servers.cluster, &applied);
     // Closes the workers' stdin.
     drop(pauser);
 

@@ -224,7 +224,7 @@ pub async fn run(settings: &Settings) -> Result<Outcomes, String> {
     let schedule = schedule(settings);
     let faults = node_faults(settings, &servers);
     let applied = nemesis::run(&schedule, &model, &faults, &slots, &*clock, start).await;
-    heal_everything(&servers.cluster);
+    heal_everything(&servers.cluster, &applied);
 
     // Collect the clients; a client still running long after the end is stuck.
     let mut ops = Vec::new();
@@ -292,21 +292,20 @@ pub(crate) fn schedule(settings: &Settings) -> Schedule {
     )
 }
 
-/// Resumes every node, clears every proxy fault and sets every clock that was left behind right
-/// again (a fault that failed to heal must not leak into the hygiene check, and a node whose
-/// clock was stepped back would keep its keys past the TTL).
-pub(crate) fn heal_everything(cluster: &Cluster) {
-    for node in cluster.nodes() {
+/// Resumes every node, clears every proxy fault and steps every clock forward to the furthest
+/// point it reached (a fault that failed to heal must not leak into the hygiene check, and a
+/// key set while a node's clock was ahead outlives the TTL once that clock is stepped back).
+pub(crate) fn heal_everything(cluster: &Cluster, applied: &[nemesis::Applied]) {
+    let catch_up = nemesis::clock_catch_up(applied, cluster.len());
+    for (node, ahead) in cluster.nodes().iter().zip(catch_up) {
         node.resume();
         if let Some(p) = node.proxy() {
             p.heal();
         }
-        // Only a clock left behind is set right: stepping one back would keep keys longer.
-        let offset = node.clock_offset();
-        if offset < 0
-            && let Err(e) = node.jump_clock(-offset)
+        if ahead > 0
+            && let Err(e) = node.jump_clock(ahead)
         {
-            tracing::warn!(error = %e, "could not set a node's clock right");
+            tracing::warn!(error = %e, "could not step a node's clock forward");
         }
     }
 }

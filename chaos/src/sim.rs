@@ -27,28 +27,6 @@ use crate::workload::{self, PauseSlot, PauseSlots, Register, Stop};
 struct SimFaults {
     cluster: SimCluster,
     churning: Mutex<Vec<Arc<AtomicBool>>>,
-    /// Each node's clock steps so far (ms), to set the clocks right at the end.
-    offsets: Mutex<Vec<i64>>,
-}
-
-impl SimFaults {
-    fn jump(&self, i: usize, ms: i64) {
-        self.cluster.jump_clock(i, ms);
-        self.offsets.lock().unwrap_or_else(PoisonError::into_inner)[i] += ms;
-    }
-
-    /// Clears every fault and sets every clock that was left behind right.
-    fn heal_everything(&self) {
-        let mut offsets = self.offsets.lock().unwrap_or_else(PoisonError::into_inner);
-        for (i, offset) in offsets.iter_mut().enumerate() {
-            self.cluster.clear_faults(i);
-            // Only a clock left behind is set right: stepping one back would keep keys longer.
-            if *offset < 0 {
-                self.cluster.jump_clock(i, -*offset);
-                *offset = 0;
-            }
-        }
-    }
 }
 
 impl Faults for SimFaults {
@@ -64,8 +42,8 @@ impl Faults for SimFaults {
                     }
                     Kind::Delay => c.set_delay(i, fault.amount, fault.jitter),
                     Kind::Drop => c.set_loss(i, 0.5),
-                    Kind::ClockForward => self.jump(i, fault.amount.as_millis() as i64),
-                    Kind::ClockBack => self.jump(i, -(fault.amount.as_millis() as i64)),
+                    Kind::ClockForward => c.jump_clock(i, fault.amount.as_millis() as i64),
+                    Kind::ClockBack => c.jump_clock(i, -(fault.amount.as_millis() as i64)),
                     Kind::ScriptFlush => c.script_flush(i),
                     Kind::ClientKill => c.kill_connections(i),
                     Kind::Churn => {
@@ -196,7 +174,6 @@ async fn simulate(settings: &Settings) -> Result<Outcomes, String> {
     let faults = SimFaults {
         cluster: cluster.clone(),
         churning: Mutex::default(),
-        offsets: Mutex::new(vec![0; cluster.len()]),
     };
     let model = settings.model();
     let schedule = schedule(settings);
@@ -207,7 +184,14 @@ async fn simulate(settings: &Settings) -> Result<Outcomes, String> {
         }
     );
     let end_ns = clock.now();
-    faults.heal_everything();
+    // Every fault cleared, every clock back at the furthest point it reached.
+    let catch_up = nemesis::clock_catch_up(&applied, cluster.len());
+    for (i, ahead) in catch_up.into_iter().enumerate() {
+        cluster.clear_faults(i);
+        if ahead > 0 {
+            cluster.jump_clock(i, ahead);
+        }
+    }
     // Dropped guards release in the background; leftover keys must expire within a TTL.
     tokio::time::sleep(settings.ttl + Duration::from_millis(500)).await;
     let mut leftovers = Leftovers::default();
