@@ -24,7 +24,9 @@ use crate::check::Leftovers;
 use crate::history::{Clock, Monotonic, Op};
 use crate::nemesis::{self, Pauser};
 use crate::options::{FenceBackend, Settings};
-use crate::real::{PANICS, Servers, final_values, heal_everything, node_faults, schedule};
+use crate::real::{
+    PANICS, Servers, catch_up_clocks, final_values, heal_everything, node_faults, schedule,
+};
 use crate::registers::{PgRegister, RedisRegister};
 use crate::report::Outcomes;
 use crate::workload::{self, ClientPlan, PauseSlot, Register, Stop};
@@ -318,7 +320,7 @@ pub(crate) async fn run(settings: &Settings) -> Result<Outcomes, String> {
     let faults = node_faults(settings, &servers);
     let pauser = ProcessPauser { workers: pausers };
     let applied = nemesis::run(&schedule(settings), &model, &faults, &pauser, &clock, start).await;
-    heal_everything(&servers.cluster, &applied);
+    heal_everything(&servers.cluster);
     // Closes the workers' stdin.
     drop(pauser);
 
@@ -343,6 +345,7 @@ pub(crate) async fn run(settings: &Settings) -> Result<Outcomes, String> {
         }
     }
     let end_ns = clock.now();
+    catch_up_clocks(&servers.cluster, &applied);
     tokio::time::sleep(settings.ttl + Duration::from_millis(500)).await;
     leftovers.keys = servers
         .cluster

@@ -224,7 +224,7 @@ pub async fn run(settings: &Settings) -> Result<Outcomes, String> {
     let schedule = schedule(settings);
     let faults = node_faults(settings, &servers);
     let applied = nemesis::run(&schedule, &model, &faults, &slots, &*clock, start).await;
-    heal_everything(&servers.cluster, &applied);
+    heal_everything(&servers.cluster);
 
     // Collect the clients; a client still running long after the end is stuck.
     let mut ops = Vec::new();
@@ -248,6 +248,7 @@ pub async fn run(settings: &Settings) -> Result<Outcomes, String> {
         }
     }
     let end_ns = clock.now();
+    catch_up_clocks(&servers.cluster, &applied);
 
     // Every lock key must be gone a TTL (plus the drift allowance) after the clients stopped.
     tokio::time::sleep(settings.ttl + Duration::from_millis(500)).await;
@@ -292,16 +293,24 @@ pub(crate) fn schedule(settings: &Settings) -> Schedule {
     )
 }
 
-/// Resumes every node, clears every proxy fault and steps every clock forward to the furthest
-/// point it reached (a fault that failed to heal must not leak into the hygiene check, and a
-/// key set while a node's clock was ahead outlives the TTL once that clock is stepped back).
-pub(crate) fn heal_everything(cluster: &Cluster, applied: &[nemesis::Applied]) {
-    let catch_up = nemesis::clock_catch_up(applied, cluster.len());
-    for (node, ahead) in cluster.nodes().iter().zip(catch_up) {
+/// Resumes every node and clears every proxy fault (a fault that failed to heal must not leak
+/// into the hygiene check).
+pub(crate) fn heal_everything(cluster: &Cluster) {
+    for node in cluster.nodes() {
         node.resume();
         if let Some(p) = node.proxy() {
             p.heal();
         }
+    }
+}
+
+/// Once every client has stopped, steps every node's clock forward to the furthest point it
+/// reached: a key set while a node's clock was ahead outlives the TTL once that clock is stepped
+/// back, and the hygiene check must not wait for that. (Done while clients still hold locks,
+/// the step would be a forward clock jump — outside the model.)
+pub(crate) fn catch_up_clocks(cluster: &Cluster, applied: &[nemesis::Applied]) {
+    let catch_up = nemesis::clock_catch_up(applied, cluster.len());
+    for (node, ahead) in cluster.nodes().iter().zip(catch_up) {
         if ahead > 0
             && let Err(e) = node.jump_clock(ahead)
         {
