@@ -7,14 +7,12 @@
 //! read→write gap, and the parent sends `SIGCONT` once the pause has lasted.
 
 use std::process::Stdio;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use nix::sys::signal::{Signal, kill, raise};
 use nix::unistd::Pid;
-use redlock::DEFAULT_KEY_PREFIX;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{ChildStdin, Command};
@@ -24,9 +22,7 @@ use crate::check::Leftovers;
 use crate::history::{Clock, Monotonic, Op};
 use crate::nemesis::{self, Pauser};
 use crate::options::{FenceBackend, Settings};
-use crate::real::{
-    PANICS, Servers, catch_up_clocks, final_values, heal_everything, node_faults, schedule,
-};
+use crate::real::{Servers, final_values, heal_everything, node_faults, schedule};
 use crate::registers::{PgRegister, RedisRegister};
 use crate::report::Outcomes;
 use crate::workload::{self, ClientPlan, PauseSlot, Register, Stop};
@@ -345,13 +341,9 @@ pub(crate) async fn run(settings: &Settings) -> Result<Outcomes, String> {
         }
     }
     let end_ns = clock.now();
-    catch_up_clocks(&servers.cluster, &applied);
-    tokio::time::sleep(settings.ttl + Duration::from_millis(500)).await;
-    leftovers.keys = servers
-        .cluster
-        .keys(&format!("{DEFAULT_KEY_PREFIX}lock:*"))
+    servers
+        .check_leftovers(settings, &applied, &mut leftovers)
         .await;
-    leftovers.panics += PANICS.load(Ordering::Relaxed);
     let (ops, tasks) = std::mem::take(&mut *lock(&collected));
     leftovers.tasks += tasks;
     let finals = final_values(settings, &servers, None).await;

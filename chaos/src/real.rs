@@ -84,6 +84,23 @@ impl Servers {
         self.register_node.as_ref().map(|c| c.node(0))
     }
 
+    /// Once every client stopped: catches the clocks up, waits a TTL (plus the drift
+    /// allowance), and records the lock keys still there and the panics seen.
+    pub(crate) async fn check_leftovers(
+        &self,
+        settings: &Settings,
+        applied: &[nemesis::Applied],
+        leftovers: &mut Leftovers,
+    ) {
+        catch_up_clocks(&self.cluster, applied);
+        tokio::time::sleep(settings.ttl + Duration::from_millis(500)).await;
+        leftovers.keys = self
+            .cluster
+            .keys(&format!("{DEFAULT_KEY_PREFIX}lock:*"))
+            .await;
+        leftovers.panics += PANICS.load(Ordering::Relaxed);
+    }
+
     /// The register server's URL (`--fence redis`).
     pub(crate) fn register_url(&self) -> Option<String> {
         self.register_server().map(RedisNode::url)
@@ -248,15 +265,9 @@ pub async fn run(settings: &Settings) -> Result<Outcomes, String> {
         }
     }
     let end_ns = clock.now();
-    catch_up_clocks(&servers.cluster, &applied);
-
-    // Every lock key must be gone a TTL (plus the drift allowance) after the clients stopped.
-    tokio::time::sleep(settings.ttl + Duration::from_millis(500)).await;
-    leftovers.keys = servers
-        .cluster
-        .keys(&format!("{DEFAULT_KEY_PREFIX}lock:*"))
+    servers
+        .check_leftovers(settings, &applied, &mut leftovers)
         .await;
-    leftovers.panics += PANICS.load(Ordering::Relaxed);
 
     let finals = final_values(settings, &servers, memory).await;
     Ok(Outcomes {
