@@ -205,6 +205,9 @@ impl<B: Backend> Core<B> {
             if err.is_busy() {
                 telemetry::contention();
             }
+            if d.positive > 0 {
+                telemetry::split_vote();
+            }
             return Err(err);
         }
         // A misconfiguration found while this attempt ran: none of its votes may count.

@@ -7,6 +7,9 @@
 //! - `redlock_acquire_total` (counter, label `outcome`: `acquired`, `busy`, `unreachable`,
 //!   `exhausted`, `error`).
 //! - `redlock_contention_total` (counter): attempts refused because another owner held the lock.
+//! - `redlock_split_votes_total` (counter): failed acquire attempts that still won at least one
+//!   node — the votes were split between contenders (or nodes failed) and nobody of them may have
+//!   reached the quorum; the grants are released again.
 //! - `redlock_node_errors_total` / `redlock_node_timeouts_total` (counters, labels `node`, `phase`).
 //! - `redlock_extend_total`, `redlock_release_total` (counters, label `outcome`).
 //! - `redlock_cleanup_total` (counter, label `outcome`): background releases of abandoned grants.
@@ -56,6 +59,10 @@ pub(crate) fn acquire_done(result: &Result<(), &Error>, attempts: u32, took: Dur
     metrics::counter!("redlock_acquire_total", "outcome" => outcome).increment(1);
     metrics::histogram!("redlock_acquire_seconds", "outcome" => outcome).record(took.as_secs_f64());
     metrics::histogram!("redlock_acquire_attempts").record(f64::from(attempts));
+}
+
+pub(crate) fn split_vote() {
+    metrics::counter!("redlock_split_votes_total").increment(1);
 }
 
 pub(crate) fn contention() {
