@@ -192,8 +192,112 @@ return n
     )
 });
 
+/// One script call for many independent requests to one node (group commit): while a request
+/// to a node is in flight, the requests made meanwhile are sent together as one call of this
+/// script, which runs each of them with the same semantics as its own script and answers each
+/// one separately. Atomic per node for the whole batch; a request that raises an error (say, a
+/// key of the wrong type) answers that error and does not stop the others.
+///
+/// `KEYS[1]` = the identity record, `KEYS[2]` = the stamp key, then every request's keys in
+/// order. `ARGV[1]` = the identity record the connection expects; then per request: its kind,
+/// its number of keys, its token, and
+/// - `S` (a fresh token on one key, no stamp: plain `SET NX PX`), `A` (stamped acquire,
+///   as [`ACQUIRE`]), `U` (unstamped acquire, as [`ACQUIRE_UNSTAMPED`]), `E` (extend, as
+///   [`EXTEND`]): its TTL in ms;
+/// - `R` (release, as [`RELEASE`]): the number of wake-up channels (0 or its number of keys),
+///   then the channels.
+///
+/// Answers, per request: what its own script answers (the stamp for `A`, −2 for an acquire when
+/// the identity record changed), or a string starting with `E` for an error. Stamps issued in
+/// one batch are strictly increasing, continuing from the node's last stamp.
+pub(crate) static BATCH: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        r"
+local same = redis.call('GET', KEYS[1]) == ARGV[1]
+local stamp = nil
+local function next_stamp()
+  if stamp then
+    stamp = stamp + 1
+  else
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+    stamp = math.max(now, last + 1)
+  end
+  return stamp
+end
+local function acquire(k, n, token, ttl)
+  if n == 1 then
+    if not redis.call('SET', KEYS[k], token, 'NX', 'PX', ttl) then
+      if redis.call('GET', KEYS[k]) ~= token then return false end
+      redis.call('PEXPIRE', KEYS[k], ttl)
+    end
+    return true
+  end
+  for i = k, k + n - 1 do
+    local v = redis.call('GET', KEYS[i])
+    if v and v ~= token then return false end
+  end
+  for i = k, k + n - 1 do
+    redis.call('SET', KEYS[i], token, 'PX', ttl)
+  end
+  return true
+end
+local function run(kind, k, n, a)
+  local token = ARGV[a + 2]
+  if kind == 'S' then
+    if redis.call('SET', KEYS[k], token, 'NX', 'PX', ARGV[a + 3]) then return 1 end
+    return 0
+  elseif kind == 'A' or kind == 'U' then
+    if not same then return -2 end
+    if not acquire(k, n, token, ARGV[a + 3]) then return 0 end
+    if kind == 'A' then return next_stamp() end
+    return 1
+  elseif kind == 'E' then
+    for i = k, k + n - 1 do
+      if redis.call('GET', KEYS[i]) ~= token then return 0 end
+    end
+    for i = k, k + n - 1 do
+      redis.call('PEXPIRE', KEYS[i], ARGV[a + 3])
+    end
+    return 1
+  elseif kind == 'R' then
+    local c = tonumber(ARGV[a + 3])
+    local done = 0
+    for i = 0, n - 1 do
+      if redis.call('GET', KEYS[k + i]) == token then
+        redis.call('DEL', KEYS[k + i])
+        done = done + 1
+        if i < c then redis.pcall('PUBLISH', ARGV[a + 4 + i], '') end
+      end
+    end
+    return done
+  end
+  return 'Eunknown request kind'
+end
+local out = {}
+local k, a = 3, 2
+while a <= #ARGV do
+  local kind, n = ARGV[a], tonumber(ARGV[a + 1])
+  local ok, r = pcall(run, kind, k, n, a)
+  if ok then
+    out[#out + 1] = r
+  elseif type(r) == 'table' and r.err then
+    out[#out + 1] = 'E' .. r.err
+  else
+    out[#out + 1] = 'E' .. tostring(r)
+  end
+  k = k + n
+  if kind == 'R' then a = a + 4 + tonumber(ARGV[a + 3]) else a = a + 4 end
+end
+if stamp then redis.call('SET', KEYS[2], string.format('%.0f', stamp)) end
+return out
+",
+    )
+});
+
 /// Every script, in the order they are preloaded with `SCRIPT LOAD` on a new connection.
-pub(crate) fn all() -> [&'static LuaScript; 6] {
+pub(crate) fn all() -> [&'static LuaScript; 7] {
     [
         &IDENTITY,
         &ACQUIRE,
@@ -201,5 +305,6 @@ pub(crate) fn all() -> [&'static LuaScript; 6] {
         &EXTEND,
         &EXTEND_MANY,
         &RELEASE,
+        &BATCH,
     ]
 }

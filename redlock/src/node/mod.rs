@@ -22,6 +22,12 @@ use crate::scripts::{self, LuaScript};
 use crate::token::Token;
 use crate::url::{NodeSpec, scrub};
 
+mod batch;
+mod native;
+
+use batch::Outbox;
+use native::{DeleteIfEqual, Native};
+
 /// Requests that may wait in one connection's client-side queue.
 const REQUEST_QUEUE: usize = 1 << 16;
 
@@ -38,6 +44,10 @@ struct Live {
     id: Arc<str>,
     /// While the node is in its restart quarantine it grants nothing.
     quarantined_until: Option<Instant>,
+    /// Requests made while earlier ones are in flight on this connection, sent together.
+    outbox: Arc<Outbox>,
+    /// The conditional commands the server has natively.
+    native: Native,
 }
 
 /// The identities of one client's nodes. One server reached through two of the configured
@@ -375,6 +385,14 @@ impl RedisNode {
             ));
         };
         let (id, created_ms) = parse_record(&record, &self.keys.identity)?;
+        // Without an answer (an old server, or an ACL user without HELLO) the scripts serve.
+        let native = match redis::cmd("HELLO")
+            .query_async::<redis::Value>(&mut conn)
+            .await
+        {
+            Ok(hello) => Native::from_hello(&hello),
+            Err(_) => Native::default(),
+        };
         let quarantined_until = match self.keys.quarantine {
             None => None,
             Some(q) => {
@@ -411,6 +429,8 @@ impl RedisNode {
             record: record.into(),
             id,
             quarantined_until,
+            outbox: Arc::default(),
+            native,
         })
     }
 
@@ -531,18 +551,7 @@ impl RedisNode {
         ttl_ms: u64,
         rearm: bool,
     ) -> Result<Reply, NodeError> {
-        if let Some(until) = live.quarantined_until {
-            let now = Instant::now();
-            if now < until {
-                return Err(NodeError::new(
-                    NodeErrorKind::Quarantined,
-                    format!(
-                        "in restart quarantine: the server restarted (or lost its data) too recently to grant; it rejoins in {:?}",
-                        until - now
-                    ),
-                ));
-            }
-        }
+        quarantine_check(&live)?;
         let t = token.expose();
         if let ([key], false, false, None) = (keys, stamped, rearm, self.keys.quarantine) {
             // A fresh random token cannot be on the node yet: plain SET NX PX.
@@ -574,6 +583,12 @@ impl RedisNode {
             }
             Err(e) => return Err(self.failed(&live, &e, t)),
         };
+        self.acquired(&live, stamped, answer)
+    }
+
+    /// What an acquire script's answer means: a grant (with its claim when stamped), a
+    /// refusal, or a changed identity record, after which the connection is dropped.
+    fn acquired(&self, live: &Live, stamped: bool, answer: i64) -> Result<Reply, NodeError> {
         match answer {
             scripts::IDENTITY_CHANGED => {
                 self.invalidate(live.generation);
@@ -583,7 +598,7 @@ impl RedisNode {
                 ))
             }
             n if n > 0 => Ok(Reply::Yes {
-                claim: (stamped && n > 0).then(|| Claim {
+                claim: stamped.then(|| Claim {
                     node: Arc::clone(&live.id),
                     stamp_us: n.unsigned_abs(),
                 }),
@@ -592,13 +607,14 @@ impl RedisNode {
         }
     }
 
-    /// Sends `op`; see [`RedisNode::with_live`] for the order requests reach the node in.
+    /// Sends `op`; see [`RedisNode::with_live`] for the order requests reach the node in, and
+    /// [`RedisNode::submit`] for how requests made while others are in flight are sent together.
     pub(crate) fn run(
         self: &Arc<Self>,
         op: Arc<Op>,
     ) -> BoxFuture<'static, Result<Reply, NodeError>> {
         let node = Arc::clone(self);
-        self.with_live(move |live| async move { node.request(live, &op).await }.boxed())
+        self.with_live(move |live| node.submit(live, op))
     }
 
     async fn request(self: &Arc<Self>, live: Live, op: &Op) -> Result<Reply, NodeError> {
@@ -612,6 +628,72 @@ impl RedisNode {
             } => {
                 self.acquire(live, *stamped, keys, token, *ttl_ms, *rearm)
                     .await
+            }
+            Op::Extend {
+                keys,
+                token,
+                ttl_ms,
+            } if keys.len() == 1 && live.native.set_if_equal => {
+                let t = token.expose();
+                let mut conn = live.conn.clone();
+                let set: redis::RedisResult<Option<String>> = redis::cmd("SET")
+                    .arg(&*keys[0])
+                    .arg(t)
+                    .arg("IFEQ")
+                    .arg(t)
+                    .arg("PX")
+                    .arg(*ttl_ms)
+                    .query_async(&mut conn)
+                    .await;
+                match set {
+                    Ok(Some(_)) => Ok(Reply::Yes { claim: None }),
+                    Ok(None) => Ok(Reply::No),
+                    Err(e) => Err(self.failed(&live, &e, t)),
+                }
+            }
+            Op::Release {
+                keys,
+                token,
+                channels,
+            } if keys.len() == 1 && live.native.delete_if_equal.is_some() => {
+                let t = token.expose();
+                let mut conn = live.conn.clone();
+                let cmd = match live.native.delete_if_equal {
+                    Some(DeleteIfEqual::DelEx) => {
+                        let mut cmd = redis::cmd("DELEX");
+                        cmd.arg(&*keys[0]).arg("IFEQ").arg(t);
+                        cmd
+                    }
+                    _ => {
+                        let mut cmd = redis::cmd("DELIFEQ");
+                        cmd.arg(&*keys[0]).arg(t);
+                        cmd
+                    }
+                };
+                let deleted: i64 = cmd
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| self.failed(&live, &e, t))?;
+                if deleted > 0
+                    && let Some(channel) = channels.first()
+                {
+                    // The wake-up follows the delete, best effort, as in the release script.
+                    let publish = redis::cmd("PUBLISH").arg(&**channel).arg("").to_owned();
+                    let call = engine::handed_over(
+                        async move {
+                            let _: redis::RedisResult<i64> = publish.query_async(&mut conn).await;
+                        }
+                        .boxed(),
+                    );
+                    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                        rt.spawn(call);
+                    }
+                }
+                Ok(if deleted > 0 {
+                    Reply::Yes { claim: None }
+                } else {
+                    Reply::No
+                })
             }
             Op::Extend {
                 keys,
@@ -656,7 +738,7 @@ impl RedisNode {
         batch: Arc<Batch>,
     ) -> BoxFuture<'static, Result<Vec<Renewed>, NodeError>> {
         let node = Arc::clone(self);
-        self.with_live(move |live| async move { node.extend_many_on(live, &batch).await }.boxed())
+        self.with_live(move |live| node.submit_renewal(live, batch))
     }
 
     async fn extend_many_on(&self, live: Live, batch: &Batch) -> Result<Vec<Renewed>, NodeError> {
@@ -693,6 +775,23 @@ impl RedisNode {
             })
             .collect())
     }
+}
+
+/// Fails an acquire on a connection whose server is still in its restart quarantine.
+fn quarantine_check(live: &Live) -> Result<(), NodeError> {
+    if let Some(until) = live.quarantined_until {
+        let now = Instant::now();
+        if now < until {
+            return Err(NodeError::new(
+                NodeErrorKind::Quarantined,
+                format!(
+                    "in restart quarantine: the server restarted (or lost its data) too recently to grant; it rejoins in {:?}",
+                    until - now
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn evalsha(script: &LuaScript, keys: &[&str], args: &[&str]) -> redis::Cmd {

@@ -1,0 +1,401 @@
+//! Group commit per connection: a request made while the connection has [`MAX_IN_FLIGHT`]
+//! requests in flight waits in the connection's outbox, and everything that waited is sent
+//! together, as one call of the batch script, when one of them comes back. An idle connection
+//! sends a request at once, on its own, so coalescing adds no latency when there is no load;
+//! under load each node runs one script call for many locks instead of one call per lock.
+//!
+//! Order is kept: the outbox is first in, first out; a request only bypasses it when it is
+//! empty, and a batch is handed to the connection while the outbox is locked, so a release made
+//! after its acquire still reaches the node after it.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use futures_util::FutureExt;
+use futures_util::future::{self, BoxFuture};
+use tokio::sync::oneshot;
+
+use super::{Live, REQUEST_QUEUE, RedisNode, lock, quarantine_check};
+use crate::backend::{Batch, Op, Renewed, Reply};
+use crate::engine;
+use crate::error::{NodeError, NodeErrorKind};
+use crate::scripts;
+use crate::url::scrub;
+
+/// Calls one connection may have in flight before new requests wait for the next batch.
+/// Two keep the connection busy: one batch runs on the server while the next one forms.
+pub(super) const MAX_IN_FLIGHT: usize = 2;
+
+/// Requests in one batch; the rest wait for the next one. Bounds how long one script call
+/// holds the server (a batch of acquires runs in well under a millisecond).
+pub(super) const MAX_BATCH: usize = 128;
+
+type Answer<T> = oneshot::Sender<Result<T, NodeError>>;
+
+/// A request waiting in the outbox, with where its answer goes.
+enum Queued {
+    Op(Arc<Op>, Answer<Reply>),
+    Renewal(Arc<Batch>, Answer<Vec<Renewed>>),
+}
+
+impl Queued {
+    /// Nobody waits for the answer any more (its phase gave up on the node), and leaving it
+    /// unsent changes nothing anyone relies on: an acquire not sent grants nothing, an
+    /// extension or renewal not sent leaves the keys as they are. Releases are always sent —
+    /// a cleanup nobody waits for still deletes a grant.
+    fn abandoned(&self) -> bool {
+        match self {
+            Queued::Op(op, tx) => tx.is_closed() && !matches!(**op, Op::Release { .. }),
+            Queued::Renewal(_, tx) => tx.is_closed(),
+        }
+    }
+
+    fn fail(self, e: NodeError) {
+        match self {
+            Queued::Op(_, tx) => drop(tx.send(Err(e))),
+            Queued::Renewal(_, tx) => drop(tx.send(Err(e))),
+        }
+    }
+}
+
+/// One connection's outbox.
+#[derive(Default)]
+pub(super) struct Outbox(Mutex<State>);
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<Queued>,
+    in_flight: usize,
+}
+
+/// One of the connection's in-flight places. Giving it back (dropping it — when the answer
+/// came, or when the caller stopped waiting) sends what waited meanwhile.
+struct Place {
+    node: Arc<RedisNode>,
+    live: Live,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.node.flush(&self.live);
+    }
+}
+
+fn gone() -> NodeError {
+    NodeError::new(
+        NodeErrorKind::Io,
+        "the connection's batch ended before answering",
+    )
+}
+
+/// The keys of a request.
+fn keys(op: &Op) -> &[String] {
+    match op {
+        Op::Acquire { keys, .. } | Op::Extend { keys, .. } | Op::Release { keys, .. } => keys,
+    }
+}
+
+fn token(op: &Op) -> &str {
+    match op {
+        Op::Acquire { token, .. } | Op::Extend { token, .. } | Op::Release { token, .. } => {
+            token.expose()
+        }
+    }
+}
+
+impl RedisNode {
+    /// Sends `op` on `live`: at once when the connection has a free place and nothing waits,
+    /// otherwise with the next batch.
+    pub(super) fn submit(
+        self: &Arc<Self>,
+        live: Live,
+        op: Arc<Op>,
+    ) -> BoxFuture<'static, Result<Reply, NodeError>> {
+        if matches!(*op, Op::Acquire { .. })
+            && let Err(e) = quarantine_check(&live)
+        {
+            return future::ready(Err(e)).boxed();
+        }
+        let queued = Arc::clone(&op);
+        self.enqueue(
+            live,
+            move |node, live| async move { node.request(live, &op).await }.boxed(),
+            move |tx| Queued::Op(queued, tx),
+        )
+    }
+
+    /// Sends a batched renewal on `live`, in its turn like any request (never combined with
+    /// others: it is one script call already).
+    pub(super) fn submit_renewal(
+        self: &Arc<Self>,
+        live: Live,
+        batch: Arc<Batch>,
+    ) -> BoxFuture<'static, Result<Vec<Renewed>, NodeError>> {
+        let queued = Arc::clone(&batch);
+        self.enqueue(
+            live,
+            move |node, live| async move { node.extend_many_on(live, &batch).await }.boxed(),
+            move |tx| Queued::Renewal(queued, tx),
+        )
+    }
+
+    fn enqueue<T: Send + 'static>(
+        self: &Arc<Self>,
+        live: Live,
+        direct: impl FnOnce(Arc<Self>, Live) -> BoxFuture<'static, Result<T, NodeError>>,
+        queued: impl FnOnce(Answer<T>) -> Queued,
+    ) -> BoxFuture<'static, Result<T, NodeError>> {
+        let mut state = lock(&live.outbox.0);
+        if state.queue.is_empty() && state.in_flight < MAX_IN_FLIGHT {
+            state.in_flight += 1;
+            drop(state);
+            let place = Place {
+                node: Arc::clone(self),
+                live: live.clone(),
+            };
+            let call = direct(Arc::clone(self), live);
+            return async move {
+                let answer = call.await;
+                drop(place);
+                answer
+            }
+            .boxed();
+        }
+        if state.queue.len() >= REQUEST_QUEUE {
+            return future::ready(Err(NodeError::new(
+                NodeErrorKind::Io,
+                format!("{REQUEST_QUEUE} requests are already waiting for this node"),
+            )))
+            .boxed();
+        }
+        let (tx, rx) = oneshot::channel();
+        state.queue.push_back(queued(tx));
+        async move { rx.await.unwrap_or_else(|_| Err(gone())) }.boxed()
+    }
+
+    /// A place on `live` came free: sends what waited, as many batches as there are free
+    /// places. Each batch is handed to the connection while the outbox is locked (so nothing
+    /// overtakes it), and its task is spawned after the lock is let go: a runtime that is
+    /// shutting down drops a spawned task at once, and giving its place back must not find the
+    /// lock still held.
+    fn flush(self: &Arc<Self>, live: &Live) {
+        let mut sent = Vec::new();
+        {
+            let mut state = lock(&live.outbox.0);
+            state.in_flight -= 1;
+            while state.in_flight < MAX_IN_FLIGHT && !state.queue.is_empty() {
+                let mut items = Vec::with_capacity(state.queue.len().min(MAX_BATCH));
+                while items.len() < MAX_BATCH
+                    && let Some(item) = state.queue.pop_front()
+                {
+                    if !item.abandoned() {
+                        items.push(item);
+                    }
+                }
+                if items.is_empty() {
+                    continue;
+                }
+                if tokio::runtime::Handle::try_current().is_err() {
+                    // Outside a runtime (it is shutting down) nothing can be driven any more.
+                    let waiting = items.into_iter().chain(state.queue.drain(..));
+                    for item in waiting {
+                        item.fail(NodeError::new(
+                            NodeErrorKind::Io,
+                            "the runtime shut down before the request was sent",
+                        ));
+                    }
+                    break;
+                }
+                state.in_flight += 1;
+                sent.push(self.send_all(live, items));
+            }
+        }
+        for batch in sent {
+            let place = Place {
+                node: Arc::clone(self),
+                live: live.clone(),
+            };
+            let task = async move {
+                batch.await;
+                drop(place);
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => drop(rt.spawn(task)),
+                Err(_) => drop(task),
+            }
+        }
+    }
+
+    /// Hands `items` to the connection, in order: consecutive requests as one batch-script
+    /// call (a lone one as its own command), renewals as their own calls. The returned future
+    /// delivers every answer.
+    fn send_all(self: &Arc<Self>, live: &Live, items: Vec<Queued>) -> BoxFuture<'static, ()> {
+        let mut parts: Vec<BoxFuture<'static, ()>> = Vec::new();
+        let mut ops: Vec<(Arc<Op>, Answer<Reply>)> = Vec::new();
+        for item in items {
+            match item {
+                Queued::Op(op, tx) => ops.push((op, tx)),
+                Queued::Renewal(batch, tx) => {
+                    if !ops.is_empty() {
+                        parts.push(self.send_ops(live, std::mem::take(&mut ops)));
+                    }
+                    let (node, live) = (Arc::clone(self), live.clone());
+                    let call = engine::handed_over(
+                        async move { node.extend_many_on(live, &batch).await }.boxed(),
+                    );
+                    parts.push(async move { drop(tx.send(call.await)) }.boxed());
+                }
+            }
+        }
+        if !ops.is_empty() {
+            parts.push(self.send_ops(live, ops));
+        }
+        future::join_all(parts).map(drop).boxed()
+    }
+
+    fn send_ops(
+        self: &Arc<Self>,
+        live: &Live,
+        mut ops: Vec<(Arc<Op>, Answer<Reply>)>,
+    ) -> BoxFuture<'static, ()> {
+        let (node, live) = (Arc::clone(self), live.clone());
+        if ops.len() == 1
+            && let Some((op, tx)) = ops.pop()
+        {
+            let call = engine::handed_over(async move { node.request(live, &op).await }.boxed());
+            return async move { drop(tx.send(call.await)) }.boxed();
+        }
+        let (ops, txs): (Vec<_>, Vec<_>) = ops.into_iter().unzip();
+        let call = engine::handed_over(async move { node.batch(live, &ops).await }.boxed());
+        async move {
+            for (tx, answer) in txs.into_iter().zip(call.await) {
+                let _ = tx.send(answer);
+            }
+        }
+        .boxed()
+    }
+
+    /// Runs `ops` as one call of the batch script; one answer per request, in order.
+    async fn batch(self: &Arc<Self>, live: Live, ops: &[Arc<Op>]) -> Vec<Result<Reply, NodeError>> {
+        let key_count = 2 + ops.iter().map(|op| keys(op).len()).sum::<usize>();
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&scripts::BATCH.sha)
+            .arg(key_count)
+            .arg(&*self.keys.identity)
+            .arg(&*self.keys.stamp);
+        for op in ops {
+            cmd.arg(keys(op));
+        }
+        cmd.arg(&*live.record);
+        for op in ops {
+            match &**op {
+                Op::Acquire {
+                    stamped,
+                    keys,
+                    token,
+                    ttl_ms,
+                    rearm,
+                } => {
+                    let kind = match (stamped, keys.len(), rearm, &self.keys.quarantine) {
+                        (true, ..) => "A",
+                        // A fresh random token cannot be on the node yet: plain SET NX PX.
+                        (false, 1, false, None) => "S",
+                        _ => "U",
+                    };
+                    cmd.arg(kind)
+                        .arg(keys.len())
+                        .arg(token.expose())
+                        .arg(*ttl_ms);
+                }
+                Op::Extend {
+                    keys,
+                    token,
+                    ttl_ms,
+                } => {
+                    cmd.arg("E")
+                        .arg(keys.len())
+                        .arg(token.expose())
+                        .arg(*ttl_ms);
+                }
+                Op::Release {
+                    keys,
+                    token,
+                    channels,
+                } => {
+                    cmd.arg("R")
+                        .arg(keys.len())
+                        .arg(token.expose())
+                        .arg(channels.len())
+                        .arg(&**channels);
+                }
+            }
+        }
+        let mut conn = live.conn.clone();
+        let answers: redis::RedisResult<Vec<redis::Value>> = cmd.query_async(&mut conn).await;
+        // Tokens of many locks are in flight here; none of them may reach an error message.
+        let scrubbed = |message: &str| {
+            let tokens: Vec<Option<&str>> = ops.iter().map(|op| Some(token(op))).collect();
+            scrub(message, &tokens)
+        };
+        let every = |e: NodeError| ops.iter().map(|_| Err(e.clone())).collect();
+        let answers = match answers {
+            Ok(answers) if answers.len() == ops.len() => answers,
+            Ok(answers) => {
+                return every(NodeError::new(
+                    NodeErrorKind::Server,
+                    format!(
+                        "the batch script answered {} times for {} requests",
+                        answers.len(),
+                        ops.len()
+                    ),
+                ));
+            }
+            Err(e) if e.code() == Some("NOSCRIPT") => {
+                // Not executed; see `RedisNode::acquire` for why there is no late `EVAL`.
+                self.reload_scripts(live.conn.clone());
+                return every(NodeError::new(
+                    NodeErrorKind::Server,
+                    "NOSCRIPT: the node lost its script cache; not executed (reloading the scripts)",
+                ));
+            }
+            Err(e) => {
+                let e = self.failed(&live, &e, "");
+                return every(NodeError::new(e.kind(), scrubbed(e.message())));
+            }
+        };
+        ops.iter()
+            .zip(answers)
+            .map(|(op, answer)| match answer {
+                redis::Value::Int(n) => match **op {
+                    Op::Acquire { stamped, .. } => self.acquired(&live, stamped, n),
+                    _ if n > 0 => Ok(Reply::Yes { claim: None }),
+                    _ => Ok(Reply::No),
+                },
+                redis::Value::BulkString(bytes) => {
+                    let text = String::from_utf8_lossy(&bytes);
+                    Err(NodeError::new(
+                        NodeErrorKind::Server,
+                        scrubbed(text.strip_prefix('E').unwrap_or(&text)),
+                    ))
+                }
+                other => Err(NodeError::new(
+                    NodeErrorKind::Server,
+                    format!(
+                        "unexpected answer from the batch script: {}",
+                        kind_of(&other)
+                    ),
+                )),
+            })
+            .collect()
+    }
+}
+
+/// The type of an unexpected answer, without its content (which might carry a token).
+fn kind_of(value: &redis::Value) -> &'static str {
+    match value {
+        redis::Value::Nil => "nil",
+        redis::Value::Array(_) => "an array",
+        redis::Value::SimpleString(_) => "a status",
+        _ => "another type",
+    }
+}
