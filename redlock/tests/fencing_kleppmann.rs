@@ -161,7 +161,9 @@ async fn fence_token_matches_claims_and_survives_node_data_loss() {
     let rl = common::client(cluster.urls(), TTL);
     let first = rl.try_acquire("r").await.unwrap();
     let t1 = first.fence().unwrap();
-    assert_eq!(t1.len(), first.claims().len());
+    // The token names every node that granted so far — the quorum's claims, and the last
+    // node's too when its grant arrived after the decision.
+    assert!(t1.len() >= first.claims().len());
     for c in first.claims() {
         assert_eq!(t1.stamp(&c.node), Some(c.stamp_us));
     }
