@@ -45,6 +45,9 @@ const RDB_FILE: &str = "dump.rdb";
 const SNAPSHOT_DIR: &str = "snapshots";
 /// Lines of the node's logs quoted in startup errors.
 const LOG_TAIL_LINES: usize = 20;
+/// How long [`RedisNode::jump_clock`] waits after changing the offset, so that a server that
+/// reuses a recent clock reading (Valkey 9) has read the clock afresh.
+const JUMP_SETTLE: Duration = Duration::from_millis(3);
 /// A `PING` unanswered for this long means a `DEBUG SLEEP` has started.
 const SLEEP_PROBE_TIMEOUT: Duration = Duration::from_millis(100);
 
@@ -387,7 +390,10 @@ impl RedisNode {
     /// of earlier jumps, as an NTP step would; [`clock_offset`](Self::clock_offset) reports
     /// the sum. Takes effect at the server's next clock read, also while it is paused; a killed
     /// node starts with it, and the offset survives every kind of restart and snapshot
-    /// restore. Monotonic clocks, sleeps and timeouts are not affected.
+    /// restore. Monotonic clocks, sleeps and timeouts are not affected. Returns 3 ms after
+    /// the change (blocking the calling thread): Valkey 9 may answer with a clock reading up
+    /// to about 1 ms old, so a command sent right after the change could miss it; every
+    /// command sent after `jump_clock` returns sees it, on Redis and Valkey alike.
     ///
     /// Redis 7 computes key expiry from the realtime clock (`gettimeofday`): `SET .. PX ms`
     /// stores the absolute deadline `now + ms` in Unix milliseconds (and writes it to the AOF
@@ -414,7 +420,13 @@ impl RedisNode {
                 ),
             ));
         };
-        lock(clock).jump(delta_ms)
+        lock(clock).jump(delta_ms)?;
+        // Valkey 9 may answer a command with a realtime reading up to about a millisecond old
+        // (measured: a jump made right after one command is not seen by a command sent within
+        // the next ~1 ms, and always by one sent 1 ms later); Redis 7 reads the clock afresh.
+        // Waiting out that window keeps the promise that every later command sees the jump.
+        std::thread::sleep(JUMP_SETTLE);
+        Ok(())
     }
 
     /// The sum of every [`jump_clock`](Self::jump_clock) so far, in milliseconds: how far
