@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One line per node started by up.sh (each directory under cluster-setup/run/):
 # port, pid, reachable, role, uptime_in_seconds, aof (appendonly/appendfsync), save config,
-# maxmemory-policy.
+# maxmemory-policy, server (redis 7.0.15, valkey 9.1.2).
 set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -36,9 +36,9 @@ if ((${#ports[@]} == 0)); then
   exit 0
 fi
 
-format="%-6s %-8s %-9s %-7s %-8s %-10s %-12s %s\n"
+format="%-6s %-8s %-9s %-7s %-8s %-10s %-12s %-17s %s\n"
 # shellcheck disable=SC2059 # the format is ours
-printf "$format" PORT PID REACHABLE ROLE UPTIME AOF SAVE MAXMEMORY-POLICY
+printf "$format" PORT PID REACHABLE ROLE UPTIME AOF SAVE MAXMEMORY-POLICY SERVER
 for port in "${ports[@]}"; do
   pid="$(node_pid "$port" || echo -)"
   if answers_ping "$port"; then
@@ -48,9 +48,10 @@ for port in "${ports[@]}"; do
       "$(info_field "$port" server uptime_in_seconds)" \
       "$(aof "$port")" \
       "$(config_value "$port" save)" \
-      "$(config_value "$port" maxmemory-policy)"
+      "$(config_value "$port" maxmemory-policy)" \
+      "$(server_version "$port")"
   else
     # shellcheck disable=SC2059
-    printf "$format" "$port" "$pid" no - - - - -
+    printf "$format" "$port" "$pid" no - - - - - -
   fi
 done

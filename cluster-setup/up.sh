@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Starts N independent redis-server masters on 127.0.0.1:BASE_PORT..BASE_PORT+N-1.
+# Starts N independent redis-server (or valkey-server) masters on 127.0.0.1:BASE_PORT..BASE_PORT+N-1.
 #
 #   cluster-setup/up.sh [N=5] [BASE_PORT=7001] [--persistence none|aof-always]
 #
@@ -53,8 +53,13 @@ case "$persistence" in
   *) usage ;;
 esac
 
+if [[ "$REDIS_SERVER" != redis-server ]] && ! command -v "$REDIS_SERVER" >/dev/null; then
+  echo "server binary $REDIS_SERVER not found (from REDLOCK_TEST_SERVER or REDIS_SERVER);" \
+    "unset both to use Debian's redis-server" >&2
+  exit 1
+fi
 if ! command -v "$REDIS_SERVER" >/dev/null || ! command -v "$REDIS_CLI" >/dev/null; then
-  echo "redis-server not found; installing Debian's redis-server" >&2
+  echo "redis-server or redis-cli not found; installing Debian's redis-server" >&2
   sudo=()
   ((EUID == 0)) || sudo=(sudo)
   "${sudo[@]}" apt-get update
@@ -87,13 +92,13 @@ for port in "${started[@]}"; do
   deadline=$((SECONDS + READY_TIMEOUT_SECS))
   until answers_ping "$port"; do
     if ((SECONDS >= deadline)); then
-      echo "redis-server on 127.0.0.1:$port not ready after ${READY_TIMEOUT_SECS}s; log tail:" >&2
+      echo "$REDIS_SERVER on 127.0.0.1:$port not ready after ${READY_TIMEOUT_SECS}s; log tail:" >&2
       tail -n 20 "$RUN_DIR/$port/redis.log" >&2 || true
       exit 1
     fi
     sleep 0.1
   done
-  echo "started 127.0.0.1:$port (persistence: $persistence)" >&2
+  echo "started 127.0.0.1:$port ($(server_version "$port"), persistence: $persistence)" >&2
 done
 
 for ((port = base; port < base + n; port++)); do

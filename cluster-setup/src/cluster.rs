@@ -8,7 +8,8 @@ use futures_util::future::join_all;
 
 use crate::clock::preload_library;
 use crate::config::{NodeConfig, Persistence, TlsFiles};
-use crate::node::{RedisNode, find_redis_server};
+use crate::node::{RedisNode, find_server};
+use crate::server::ServerVersion;
 
 /// Default number of nodes of [`ClusterBuilder`].
 pub const DEFAULT_NODES: usize = 5;
@@ -109,7 +110,7 @@ impl ClusterBuilder {
     /// Cancel safe: dropping the future drops (and so kills) every node started so far.
     pub async fn start(self) -> io::Result<Cluster> {
         let config = Arc::new(NodeConfig {
-            binary: find_redis_server()?,
+            binary: find_server()?,
             persistence: self.persistence,
             tls: self.tls,
             args: self.args,
@@ -153,6 +154,27 @@ impl Cluster {
     /// As [`ClusterBuilder::start`].
     pub async fn start(n: usize) -> io::Result<Cluster> {
         Cluster::builder().nodes(n).start().await
+    }
+
+    /// Which server the nodes run and its version (`redis 7.0.15`, `valkey 9.1.2`), asked of
+    /// the first node that answers (every node runs the same binary).
+    ///
+    /// # Errors
+    ///
+    /// The last node's error if none answers (see [`RedisNode::server_version`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn server_version(&self) -> io::Result<ServerVersion> {
+        let mut last_err = io::Error::other("the cluster has no nodes");
+        for node in &self.nodes {
+            match node.server_version().await {
+                Ok(version) => return Ok(version),
+                Err(e) => last_err = e,
+            }
+        }
+        Err(last_err)
     }
 
     /// Number of nodes.

@@ -90,6 +90,14 @@ pub(crate) struct NodeConfig {
 }
 
 impl NodeConfig {
+    /// The binary's file name (`redis-server`, `valkey-server`), for messages.
+    pub(crate) fn server_name(&self) -> &str {
+        self.binary
+            .file_name()
+            .and_then(|name| name.to_str())
+            .unwrap_or("server")
+    }
+
     /// The last `requirepass` among the extra arguments, as redis-server would apply it.
     pub(crate) fn password(&self) -> Option<&str> {
         self.args

