@@ -276,11 +276,57 @@ impl RedisNode {
     }
 
     /// Runs `ops` as one call of the batch script; one answer per request, in order.
+    ///
+    /// A node that lost its script cache (`NOSCRIPT`) ran none of them. The extensions and
+    /// releases among them are sent again as one `EVAL` of the script — a later send may run
+    /// after requests made after it, which is harmless for requests that never create a key —
+    /// and the acquires fail for this attempt, as on their own (see `RedisNode::acquire`).
     async fn batch(self: &Arc<Self>, live: Live, ops: &[Arc<Op>]) -> Vec<Result<Reply, NodeError>> {
+        let answers = self.run_batch(&live, ops, false).await;
+        if !matches!(&answers, Err(e) if e.code() == Some("NOSCRIPT")) {
+            return self.answers(&live, ops, answers);
+        }
+        self.reload_scripts(live.conn.clone());
+        let not_run = NodeError::new(
+            NodeErrorKind::Server,
+            "NOSCRIPT: the node lost its script cache; not executed (reloading the scripts)",
+        );
+        let mut out: Vec<Result<Reply, NodeError>> =
+            ops.iter().map(|_| Err(not_run.clone())).collect();
+        let again: Vec<usize> = (0..ops.len())
+            .filter(|&i| !matches!(*ops[i], Op::Acquire { .. }))
+            .collect();
+        if !again.is_empty() {
+            let retried: Vec<Arc<Op>> = again.iter().map(|&i| Arc::clone(&ops[i])).collect();
+            let answers = self.run_batch(&live, &retried, true).await;
+            for (i, answer) in again
+                .into_iter()
+                .zip(self.answers(&live, &retried, answers))
+            {
+                out[i] = answer;
+            }
+        }
+        out
+    }
+
+    /// One call of the batch script for `ops`: `EVALSHA`, or `EVAL` with its source.
+    async fn run_batch(
+        &self,
+        live: &Live,
+        ops: &[Arc<Op>],
+        with_source: bool,
+    ) -> redis::RedisResult<Vec<redis::Value>> {
         let key_count = 2 + ops.iter().map(|op| keys(op).len()).sum::<usize>();
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&scripts::BATCH.sha)
-            .arg(key_count)
+        let mut cmd = if with_source {
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(scripts::BATCH.source);
+            cmd
+        } else {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(&scripts::BATCH.sha);
+            cmd
+        };
+        cmd.arg(key_count)
             .arg(&*self.keys.identity)
             .arg(&*self.keys.stamp);
         for op in ops {
@@ -331,7 +377,16 @@ impl RedisNode {
             }
         }
         let mut conn = live.conn.clone();
-        let answers: redis::RedisResult<Vec<redis::Value>> = cmd.query_async(&mut conn).await;
+        cmd.query_async(&mut conn).await
+    }
+
+    /// What the batch script's answers mean, one per request.
+    fn answers(
+        &self,
+        live: &Live,
+        ops: &[Arc<Op>],
+        answers: redis::RedisResult<Vec<redis::Value>>,
+    ) -> Vec<Result<Reply, NodeError>> {
         // Tokens of many locks are in flight here; none of them may reach an error message.
         let scrubbed = |message: &str| {
             let tokens: Vec<Option<&str>> = ops.iter().map(|op| Some(token(op))).collect();
@@ -350,16 +405,8 @@ impl RedisNode {
                     ),
                 ));
             }
-            Err(e) if e.code() == Some("NOSCRIPT") => {
-                // Not executed; see `RedisNode::acquire` for why there is no late `EVAL`.
-                self.reload_scripts(live.conn.clone());
-                return every(NodeError::new(
-                    NodeErrorKind::Server,
-                    "NOSCRIPT: the node lost its script cache; not executed (reloading the scripts)",
-                ));
-            }
             Err(e) => {
-                let e = self.failed(&live, &e, "");
+                let e = self.failed(live, &e, "");
                 return every(NodeError::new(e.kind(), scrubbed(e.message())));
             }
         };
@@ -367,7 +414,7 @@ impl RedisNode {
             .zip(answers)
             .map(|(op, answer)| match answer {
                 redis::Value::Int(n) => match **op {
-                    Op::Acquire { stamped, .. } => self.acquired(&live, stamped, n),
+                    Op::Acquire { stamped, .. } => self.acquired(live, stamped, n),
                     _ if n > 0 => Ok(Reply::Yes { claim: None }),
                     _ => Ok(Reply::No),
                 },
