@@ -258,10 +258,21 @@ impl<B: Backend> Core<B> {
         async {
             let started = Instant::now();
             let mut attempts = 0u32;
-            // Set once the lock turns out to be busy: our FIFO turn among local waiters on the
-            // same resources, and the release notifications we wait for.
+            // Within this client, acquirers of the same resources are served in FIFO order:
+            // each takes its turn before its first attempt and keeps it until it returns, so a
+            // task that releases and acquires again queues behind the client's waiters instead
+            // of reaching the nodes before they do. A single attempt (`try_acquire`) neither
+            // waits in nor joins the queue.
             // (`_turn` is only held, never read: dropping it passes the turn on.)
-            let mut _turn: Option<tokio::sync::OwnedMutexGuard<()>> = None;
+            let mut _turn = None;
+            let mut last_attempt = false;
+            if let Some(waiters) = self.waiters.as_ref().filter(|_| !policy.single_attempt()) {
+                let limit = policy.wait_limit(self.config.node_timeout);
+                _turn = waiters.turn(&keys.join("\n"), limit).await;
+                // Queued for the whole limit: one attempt, then give up.
+                last_attempt = _turn.is_none();
+            }
+            // Set once the lock turns out to be busy: the release notifications we wait for.
             let mut interest: Option<Interest> = None;
             loop {
                 attempts += 1;
@@ -288,7 +299,7 @@ impl<B: Backend> Core<B> {
                     Err(e) => e,
                 };
                 let unit: f64 = crate::det::unit();
-                let pause = if err.is_retryable() {
+                let pause = if err.is_retryable() && !last_attempt {
                     policy.next_delay(attempts, started.elapsed(), unit)
                 } else {
                     None
@@ -300,17 +311,7 @@ impl<B: Backend> Core<B> {
                 };
                 match (&self.waiters, err.is_busy(), &interest) {
                     (Some(waiters), true, None) => {
-                        // Queue behind this client's other waiters (bounded by the policy), then
-                        // subscribe and retry at once: the holder may have left meanwhile.
-                        let limit = policy.wait_limit(self.config.node_timeout).saturating_sub(started.elapsed());
-                        let queue = waiters.turn(&keys.join("\n"));
-                        match tokio::time::timeout(limit, queue.lock_owned()).await {
-                            Ok(t) => _turn = Some(t),
-                            Err(_) => {
-                                telemetry::acquire_done(&Err(&err), attempts, started.elapsed());
-                                return Err(err);
-                            }
-                        }
+                        // Subscribe and retry at once: the holder may have left meanwhile.
                         let channel = format!("{}{}", self.channel_prefix, resources[0]);
                         interest = Some(waiters.interest(&channel).await);
                     }
@@ -574,7 +575,9 @@ impl Redlock {
         self.core.acquire(owned(resources), policy, None).await
     }
 
-    /// Exactly one attempt.
+    /// Exactly one attempt, made at once: it neither joins nor waits for the queue of this
+    /// client's other acquirers of `resource` (which [`Redlock::acquire`] serves in FIFO order),
+    /// so it can win while they are queued if the lock is free on the nodes at that moment.
     ///
     /// # Errors
     /// [`Error::Busy`], [`Error::QuorumUnreachable`], [`Error::ValidityExhausted`] or
