@@ -1,7 +1,6 @@
 //! `Redlock`: acquire, extend and release on top of the quorum engine.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::join_all;
@@ -11,10 +10,10 @@ use tracing::Instrument;
 use crate::backend::{Backend, Nodes, Op};
 use crate::builder::RedlockBuilder;
 use crate::config::{Config, MAX_RESOURCES_PER_LOCK, RetryPolicy};
-use crate::engine::{self, Goal, Phase};
+use crate::engine::{self, Goal, Judge, Phase};
 use crate::error::{Error, NodeOutcome, NodeReport, Phase as PhaseName, ResourceError};
 use crate::lease::{Lease, LockGuard, LostReason, Renewals};
-use crate::lock::{Claim, Deadline, Lock, ReleaseReport};
+use crate::lock::{self, Claim, Deadline, Lock, ReleaseReport};
 use crate::telemetry;
 use crate::token::Token;
 use crate::waiters::{Interest, Waiters};
@@ -155,10 +154,6 @@ impl<B: Backend> Core<B> {
         Ok((resources.into(), keys.into()))
     }
 
-    fn ttl_ms(&self, ttl: Duration) -> u64 {
-        u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
-    }
-
     /// One acquisition attempt.
     pub(crate) async fn attempt(
         &self,
@@ -174,7 +169,7 @@ impl<B: Backend> Core<B> {
             stamped: self.config.claim_stamps,
             keys: Arc::clone(keys),
             token: token.clone(),
-            ttl_ms: self.ttl_ms(ttl),
+            ttl_ms: lock::ttl_ms(ttl),
             rearm,
         });
         // The cleanup of a failed attempt publishes nothing: the holder still holds the lock,
@@ -193,38 +188,20 @@ impl<B: Backend> Core<B> {
             Some(cleanup),
         );
         let d = phase.decided().await;
-        if !d.success {
-            phase.abandon();
-            let refused = d.count(|o| matches!(o, NodeOutcome::Refused));
-            let err = engine::missed(
-                PhaseName::Acquire,
-                d.positive,
-                refused,
-                d.reports(&*self.backend),
-            );
-            if err.is_busy() {
-                telemetry::contention();
-            }
-            if d.positive > 0 {
-                telemetry::split_vote();
-            }
-            return Err(err);
-        }
         // A misconfiguration found while this attempt ran: none of its votes may count.
-        if let Err(e) = self.usable() {
+        if d.success
+            && let Err(e) = self.usable()
+        {
             phase.abandon();
             return Err(e);
         }
         // Validity counts from before the first request: TTL − elapsed − drift.
-        let elapsed = started.elapsed();
-        let left = match engine::validity_left(
-            PhaseName::Acquire,
-            ttl,
-            elapsed,
-            self.config.drift_factor,
-            self.config.min_validity,
+        let valid_for = match Judge::new(PhaseName::Acquire, ttl, &self.config).judge(
+            &d,
+            &*self.backend,
+            started.elapsed(),
         ) {
-            Ok(left) => left,
+            Ok(valid_for) => valid_for,
             Err(e) => {
                 phase.abandon();
                 return Err(e);
@@ -238,7 +215,7 @@ impl<B: Backend> Core<B> {
             keys: Arc::clone(keys),
             token,
             ttl,
-            valid_until: Deadline::after(started, elapsed + left),
+            valid_until: Deadline::after(started, valid_for),
             claims,
             granted: Some(granted),
             origin: Arc::clone(&self.origin),
@@ -347,35 +324,22 @@ impl<B: Backend> Core<B> {
             let op = Arc::new(Op::Extend {
                 keys: Arc::clone(&lock.keys),
                 token: lock.token.clone(),
-                ttl_ms: self.ttl_ms(ttl),
+                ttl_ms: lock::ttl_ms(ttl),
             });
             let mut phase = Phase::start(&self.backend, PhaseName::Extend, op, Goal::Quorum, None);
             let d = phase.decided().await;
-            telemetry::extend_done(d.success);
-            if !d.success {
-                let refused = d.count(|o| matches!(o, NodeOutcome::Refused));
-                tracing::debug!(
-                    granted = d.positive,
-                    refused,
-                    "extend failed; lock left as it was"
-                );
-                return Err(engine::missed(
-                    PhaseName::Extend,
-                    d.positive,
-                    refused,
-                    d.reports(&*self.backend),
-                ));
-            }
             // The new validity counts from the extension's start, never from the old deadline.
-            let elapsed = started.elapsed();
-            let left = engine::validity_left(
-                PhaseName::Extend,
-                ttl,
-                elapsed,
-                self.config.drift_factor,
-                self.config.min_validity,
-            )?;
-            lock.valid_until = Deadline::after(started, elapsed + left);
+            let valid_for = Judge::new(PhaseName::Extend, ttl, &self.config)
+                .judge(&d, &*self.backend, started.elapsed())
+                .inspect_err(|_| {
+                    let refused = d.count(|o| matches!(o, NodeOutcome::Refused));
+                    tracing::debug!(
+                        granted = d.positive,
+                        refused,
+                        "extend failed; lock left as it was"
+                    );
+                })?;
+            lock.valid_until = Deadline::after(started, valid_for);
             Ok(())
         }
         .instrument(span)

@@ -17,9 +17,9 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::{Backend, Batch, BatchEntry, Op, Renewed};
 use crate::client::Core;
 use crate::det::HashMap;
-use crate::engine;
-use crate::error::{Error, NodeError, NodeOutcome, NodeReport, Phase};
-use crate::lock::{Claim, Deadline, Lock};
+use crate::engine::{self, Decision, Judge};
+use crate::error::{Error, NodeError, NodeOutcome, Phase};
+use crate::lock::{self, Claim, Deadline, Lock};
 use crate::token::Token;
 
 /// Locks per batched renewal call; keeps one script call on a node short (~1–2 ms).
@@ -518,13 +518,15 @@ impl<B: Backend> Core<B> {
                 .map(|h| BatchEntry {
                     keys: Arc::clone(&h.keys),
                     token: h.token.clone(),
-                    ttl_ms: u64::try_from(h.ttl.as_millis()).unwrap_or(u64::MAX),
+                    ttl_ms: lock::ttl_ms(h.ttl),
                 })
                 .collect(),
         });
         let n = self.backend.len();
         let quorum = engine::quorum(n);
-        let shortest_ttl = chunk.iter().map(|h| h.ttl).min().unwrap_or(self.config.ttl);
+        let Some(shortest_ttl) = chunk.iter().map(|h| h.ttl).min() else {
+            return;
+        };
         // A batch is one script doing work for every lock in it: allow it more than one
         // request's node timeout (a tight bound turned a busy moment into lost locks), but
         // never a quarter of the shortest TTL. A node still being connected gets no more, and
@@ -583,36 +585,25 @@ impl<B: Backend> Core<B> {
         let mut rescheduled = Vec::new();
         for (j, held) in chunk.iter().enumerate() {
             let (ok, elapsed) = decided[j].unwrap_or((false, started.elapsed()));
-            crate::telemetry::extend_done(ok);
+            let decision = Decision {
+                success: ok,
+                outcomes: std::mem::take(&mut outcomes[j]),
+                claims: Vec::new(),
+                positive: yes[j],
+                needed: quorum,
+            };
+            // The lock's own TTL: the one this batch sent the nodes.
+            let result = Judge::new(Phase::Extend, held.ttl, &self.config).judge(
+                &decision,
+                &*self.backend,
+                elapsed,
+            );
             if held.is_done() || held.lost.is_cancelled() {
                 continue;
             }
-            let result = if ok {
-                engine::validity_left(
-                    Phase::Extend,
-                    held.ttl,
-                    elapsed,
-                    self.config.drift_factor,
-                    self.config.min_validity,
-                )
-            } else {
-                let refused = outcomes[j]
-                    .iter()
-                    .filter(|o| **o == NodeOutcome::Refused)
-                    .count();
-                let nodes: Vec<NodeReport> = outcomes[j]
-                    .iter()
-                    .enumerate()
-                    .map(|(i, outcome)| NodeReport {
-                        node: self.backend.name(i).clone(),
-                        outcome: outcome.clone(),
-                    })
-                    .collect();
-                Err(engine::missed(Phase::Extend, yes[j], refused, nodes))
-            };
             match result {
-                Ok(left) => {
-                    let deadline = Deadline::after(started, elapsed + left);
+                Ok(valid_for) => {
+                    let deadline = Deadline::after(started, valid_for);
                     *held
                         .valid_until
                         .lock()
@@ -656,7 +647,7 @@ impl<B: Backend> Core<B> {
             stamped: false,
             keys: Arc::clone(&held.keys),
             token: held.token.clone(),
-            ttl_ms: u64::try_from(held.ttl.as_millis()).unwrap_or(u64::MAX),
+            ttl_ms: lock::ttl_ms(held.ttl),
             rearm: true,
         });
         // Handed over under the `done` lock: a release is either sent after the repair, on the

@@ -21,6 +21,11 @@ pub struct Claim {
     pub stamp_us: u64,
 }
 
+/// A TTL in the unit the nodes take (`PX`, ms), saturating.
+pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// A validity deadline kept on two clocks. Timers run on the monotonic clock, which stops
 /// while the machine is suspended — but Redis keys keep expiring then. On Linux the deadline is
 /// also kept on `CLOCK_BOOTTIME`, which counts suspended time, and validity is the smaller of
