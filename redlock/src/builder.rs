@@ -3,12 +3,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::Nodes;
 use crate::client::{Core, Redlock};
 use crate::config::{Config, RetryPolicy};
 use crate::engine;
 use crate::error::{ConfigError, Error};
 use crate::node::{Identities, NodeKeys, RedisBackend, RedisNode};
+use crate::nodes::Nodes;
 use crate::pubsub::SubClient;
 use crate::url::{NodeSpec, redact_url};
 use crate::waiters::Waiters;
@@ -258,7 +258,11 @@ impl RedlockBuilder {
         let c = &self.config;
         let backend = crate::sim::SimBackend::new(cluster, c, node_keys(c));
         let waiters = Waiters::new(
-            backend.sub_clients(),
+            backend
+                .sub_clients()
+                .into_iter()
+                .map(SubClient::Sim)
+                .collect(),
             c.node_timeout.max(Duration::from_millis(200)),
             c.connect_timeout,
         );

@@ -17,9 +17,9 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::backend::{Backend, Op, Reply};
+use crate::claim::Claim;
 use crate::config::Config;
 use crate::error::{Error, NodeError, NodeOutcome, NodeReport, Phase as PhaseName};
-use crate::lock::Claim;
 use crate::telemetry;
 
 /// Which answers count towards the phase's goal.

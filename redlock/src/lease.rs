@@ -15,40 +15,16 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Backend, Batch, BatchEntry, Op, Renewed};
+use crate::claim::Claim;
 use crate::client::Core;
 use crate::det::HashMap;
 use crate::engine::{self, Decision, Judge};
-use crate::error::{Error, NodeError, NodeOutcome, Phase};
-use crate::lock::{self, Claim, Deadline, Lock};
+use crate::error::{Error, LostReason, NodeError, NodeOutcome, Phase};
+use crate::lock::{self, Deadline, Lock};
 use crate::token::Token;
 
 /// Locks per batched renewal call; keeps one script call on a node short (~1–2 ms).
 const BATCH_CHUNK: usize = 1000;
-
-/// Why a lease's lost signal fired.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub enum LostReason {
-    /// The validity deadline passed without a successful extension.
-    Expired,
-    /// An extension did not reach a quorum (or found the lock taken over).
-    ExtendFailed(Box<Error>),
-    /// The configured maximum hold time was reached; renewal stopped.
-    MaxHold,
-    /// The lock was released (or its guard dropped).
-    Released,
-}
-
-impl fmt::Display for LostReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Expired => f.write_str("validity deadline passed without a successful extension"),
-            Self::ExtendFailed(e) => write!(f, "extension failed: {e}"),
-            Self::MaxHold => f.write_str("maximum hold time reached"),
-            Self::Released => f.write_str("released"),
-        }
-    }
-}
 
 /// State shared by a guard, its leases and the renewal driver.
 pub(crate) struct Held {

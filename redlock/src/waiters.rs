@@ -24,7 +24,8 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
 use crate::det::{HashMap, HashSet};
-use crate::pubsub::{Message, SubClient, SubError, SubSink, SubStream};
+use crate::error::SubError;
+use crate::pubsub::{Message, SubClient, SubSink, SubStream};
 
 /// A channel nobody waited on for this long is unsubscribed (after the next new waiter).
 const IDLE: Duration = Duration::from_secs(30);

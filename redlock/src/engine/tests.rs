@@ -120,7 +120,7 @@ fn apply(d: &mut NodeData, op: &Op, refuse: bool) -> Reply {
             }
             d.stamp += 1;
             Reply::Yes {
-                claim: Some(crate::lock::Claim {
+                claim: Some(crate::claim::Claim {
                     node: Arc::clone(&d.id),
                     stamp_us: d.stamp,
                 }),
