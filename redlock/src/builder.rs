@@ -3,8 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::client::{Core, Redlock};
+use crate::client::Redlock;
 use crate::config::{Config, RetryPolicy};
+use crate::core::Core;
 use crate::engine;
 use crate::error::{ConfigError, Error};
 use crate::node::{Identities, NodeKeys, RedisBackend, RedisNode};
@@ -15,6 +16,15 @@ use crate::waiters::Waiters;
 
 /// Longest node name accepted: names travel in fence tokens, which cap them at this length.
 pub const MAX_NODE_NAME_LEN: usize = 128;
+
+// The builder is where a client is made: `Redlock::builder()` starts it here, so that the
+// client does not depend on its builder.
+impl Redlock {
+    /// Starts a builder.
+    pub fn builder() -> RedlockBuilder {
+        RedlockBuilder::default()
+    }
+}
 
 /// Builds a [`Redlock`]. Nothing connects until the first request.
 #[must_use]

@@ -8,6 +8,7 @@ mod builder;
 mod claim;
 mod client;
 mod config;
+mod core;
 mod engine;
 mod error;
 mod lease;
@@ -15,6 +16,7 @@ mod lock;
 mod node;
 mod nodes;
 mod pubsub;
+mod renewal;
 mod scripts;
 #[cfg(feature = "simulation")]
 pub mod sim;

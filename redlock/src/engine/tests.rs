@@ -11,8 +11,8 @@ use tokio::time::Instant;
 
 use super::*;
 use crate::backend::{Backend, Op, Reply};
-use crate::client::Core;
 use crate::config::{Config, RetryPolicy};
+use crate::core::Core;
 use crate::error::{Error, NodeError, NodeErrorKind};
 
 const NODE_TIMEOUT: Duration = Duration::from_millis(50);
