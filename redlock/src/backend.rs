@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
+use crate::claim::Claim;
 use crate::error::{ConfigError, NodeError};
-use crate::lock::Claim;
 use crate::token::Token;
 
 /// One request sent to every node of a phase.
@@ -98,86 +98,4 @@ pub(crate) struct BatchEntry {
     pub(crate) keys: Arc<[String]>,
     pub(crate) token: Token,
     pub(crate) ttl_ms: u64,
-}
-
-/// The nodes a [`Redlock`](crate::Redlock) talks to: real Redis masters, or (for testing the
-/// client under faults) simulated ones. Dispatch is one match per request.
-pub(crate) enum Nodes {
-    Redis(crate::node::RedisBackend),
-    #[cfg(feature = "simulation")]
-    Sim(crate::sim::SimBackend),
-}
-
-impl Nodes {
-    /// Opens node `i`'s connection now, waiting for the outcome.
-    pub(crate) fn connect(&self, i: usize) -> BoxFuture<'static, Result<(), NodeError>> {
-        match self {
-            Self::Redis(b) => {
-                let node = Arc::clone(&b.nodes[i]);
-                Box::pin(async move { node.connect().await })
-            }
-            #[cfg(feature = "simulation")]
-            Self::Sim(b) => b.connect(i),
-        }
-    }
-}
-
-impl Backend for Nodes {
-    #[inline]
-    fn len(&self) -> usize {
-        match self {
-            Self::Redis(b) => b.len(),
-            #[cfg(feature = "simulation")]
-            Self::Sim(b) => b.len(),
-        }
-    }
-
-    #[inline]
-    fn name(&self, i: usize) -> &Arc<str> {
-        match self {
-            Self::Redis(b) => b.name(i),
-            #[cfg(feature = "simulation")]
-            Self::Sim(b) => b.name(i),
-        }
-    }
-
-    #[inline]
-    fn budget(&self, i: usize) -> Duration {
-        match self {
-            Self::Redis(b) => b.budget(i),
-            #[cfg(feature = "simulation")]
-            Self::Sim(b) => b.budget(i),
-        }
-    }
-
-    #[inline]
-    fn call(&self, i: usize, op: Arc<Op>) -> BoxFuture<'static, Result<Reply, NodeError>> {
-        match self {
-            Self::Redis(b) => b.call(i, op),
-            #[cfg(feature = "simulation")]
-            Self::Sim(b) => b.call(i, op),
-        }
-    }
-
-    #[inline]
-    fn extend_many(
-        &self,
-        i: usize,
-        batch: Arc<Batch>,
-    ) -> BoxFuture<'static, Result<Vec<Renewed>, NodeError>> {
-        match self {
-            Self::Redis(b) => b.extend_many(i, batch),
-            #[cfg(feature = "simulation")]
-            Self::Sim(b) => b.extend_many(i, batch),
-        }
-    }
-
-    #[inline]
-    fn misconfigured(&self) -> Option<ConfigError> {
-        match self {
-            Self::Redis(b) => b.misconfigured(),
-            #[cfg(feature = "simulation")]
-            Self::Sim(b) => b.misconfigured(),
-        }
-    }
 }

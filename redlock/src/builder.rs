@@ -3,18 +3,28 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::Nodes;
-use crate::client::{Core, Redlock};
+use crate::client::Redlock;
 use crate::config::{Config, RetryPolicy};
+use crate::core::Core;
 use crate::engine;
 use crate::error::{ConfigError, Error};
 use crate::node::{Identities, NodeKeys, RedisBackend, RedisNode};
+use crate::nodes::Nodes;
 use crate::pubsub::SubClient;
 use crate::url::{NodeSpec, redact_url};
 use crate::waiters::Waiters;
 
 /// Longest node name accepted: names travel in fence tokens, which cap them at this length.
 pub const MAX_NODE_NAME_LEN: usize = 128;
+
+// The builder is where a client is made: `Redlock::builder()` starts it here, so that the
+// client does not depend on its builder.
+impl Redlock {
+    /// Starts a builder.
+    pub fn builder() -> RedlockBuilder {
+        RedlockBuilder::default()
+    }
+}
 
 /// Builds a [`Redlock`]. Nothing connects until the first request.
 #[must_use]
@@ -258,7 +268,11 @@ impl RedlockBuilder {
         let c = &self.config;
         let backend = crate::sim::SimBackend::new(cluster, c, node_keys(c));
         let waiters = Waiters::new(
-            backend.sub_clients(),
+            backend
+                .sub_clients()
+                .into_iter()
+                .map(SubClient::Sim)
+                .collect(),
             c.node_timeout.max(Duration::from_millis(200)),
             c.connect_timeout,
         );

@@ -169,6 +169,12 @@ impl RetryPolicy {
         }
     }
 
+    /// Whether the policy allows one attempt only (`try_acquire`): such a call neither waits in
+    /// nor joins the client's queue of acquirers.
+    pub(crate) fn single_attempt(&self) -> bool {
+        self.max_attempts == Some(1)
+    }
+
     /// How long a waiter may queue for its turn behind this client's other waiters: the
     /// deadline if set, else roughly the time its attempts would have taken.
     pub(crate) fn wait_limit(&self, node_timeout: Duration) -> Duration {

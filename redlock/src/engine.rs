@@ -17,8 +17,9 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::backend::{Backend, Op, Reply};
+use crate::claim::Claim;
+use crate::config::Config;
 use crate::error::{Error, NodeError, NodeOutcome, NodeReport, Phase as PhaseName};
-use crate::lock::Claim;
 use crate::telemetry;
 
 /// Which answers count towards the phase's goal.
@@ -73,12 +74,7 @@ pub(crate) fn drift(ttl: Duration, drift_factor: f64) -> Duration {
 /// The error of a phase that missed its goal — one rule for acquire, extend and renewal. More
 /// refusals than the nodes a quorum can spare mean another owner holds the key: `Busy` for an
 /// acquire, `Lost` for an extension. Otherwise too many nodes failed or timed out.
-pub(crate) fn missed(
-    phase: PhaseName,
-    positive: usize,
-    refused: usize,
-    nodes: Vec<NodeReport>,
-) -> Error {
+fn missed(phase: PhaseName, positive: usize, refused: usize, nodes: Vec<NodeReport>) -> Error {
     let n = nodes.len();
     let required = quorum(n);
     match phase {
@@ -104,7 +100,7 @@ pub(crate) fn missed(
 /// The validity a phase that reached its quorum leaves, counted from the phase's start on the
 /// given TTL — the TTL the nodes were actually sent — or `ValidityExhausted` when it is not
 /// above `min_validity`. One rule for acquire, extend and renewal.
-pub(crate) fn validity_left(
+fn validity_left(
     phase: PhaseName,
     ttl: Duration,
     elapsed: Duration,
@@ -120,6 +116,66 @@ pub(crate) fn validity_left(
             drift: drift(ttl, drift_factor),
             min_validity,
         })
+}
+
+/// How a decided acquire or extend phase is judged — one rule for acquire, extend and renewal:
+/// a missed goal becomes `Busy` / `Lost` / `QuorumUnreachable` (see [`missed`]); a reached one
+/// leaves the validity of the TTL the nodes were sent, counted from the phase's start, or
+/// `ValidityExhausted` when it is not above `min_validity`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Judge {
+    phase: PhaseName,
+    /// The TTL the nodes were sent.
+    ttl: Duration,
+    drift_factor: f64,
+    min_validity: Duration,
+}
+
+impl Judge {
+    /// The rule for `phase` on `ttl` under the client's drift factor and minimum validity.
+    pub(crate) fn new(phase: PhaseName, ttl: Duration, config: &Config) -> Self {
+        Self {
+            phase,
+            ttl,
+            drift_factor: config.drift_factor,
+            min_validity: config.min_validity,
+        }
+    }
+
+    /// The span from the phase's start for which the lock is valid, given that the phase was
+    /// decided `elapsed` after its start; or the error. Counts contention, split votes and
+    /// extensions.
+    pub(crate) fn judge<B: Backend>(
+        &self,
+        d: &Decision,
+        backend: &B,
+        elapsed: Duration,
+    ) -> Result<Duration, Error> {
+        if self.phase == PhaseName::Extend {
+            telemetry::extend_done(d.success);
+        }
+        if !d.success {
+            let refused = d.count(|o| matches!(o, NodeOutcome::Refused));
+            let err = missed(self.phase, d.positive, refused, d.reports(backend));
+            if self.phase == PhaseName::Acquire {
+                if err.is_busy() {
+                    telemetry::contention();
+                }
+                if d.positive > 0 {
+                    telemetry::split_vote();
+                }
+            }
+            return Err(err);
+        }
+        let left = validity_left(
+            self.phase,
+            self.ttl,
+            elapsed,
+            self.drift_factor,
+            self.min_validity,
+        )?;
+        Ok(elapsed + left)
+    }
 }
 
 /// What the caller learns when the phase is decided.

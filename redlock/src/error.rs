@@ -207,7 +207,7 @@ pub enum Error {
     #[error("lock lost while the work ran ({reason}); the work was cancelled")]
     LockLost {
         /// Why the lock was lost.
-        reason: crate::lease::LostReason,
+        reason: LostReason,
     },
     /// A resource name or list was rejected before anything was sent.
     #[error("invalid resource: {0}")]
@@ -410,3 +410,32 @@ pub enum ConfigError {
     #[error("TLS configuration: {0}")]
     Tls(String),
 }
+
+/// Why a lease's lost signal fired.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// The validity deadline passed without a successful extension.
+    Expired,
+    /// An extension did not reach a quorum (or found the lock taken over).
+    ExtendFailed(Box<Error>),
+    /// The configured maximum hold time was reached; renewal stopped.
+    MaxHold,
+    /// The lock was released (or its guard dropped).
+    Released,
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Expired => f.write_str("validity deadline passed without a successful extension"),
+            Self::ExtendFailed(e) => write!(f, "extension failed: {e}"),
+            Self::MaxHold => f.write_str("maximum hold time reached"),
+            Self::Released => f.write_str("released"),
+        }
+    }
+}
+
+/// A subscription command failed (the connection broke, or the node refused it).
+#[derive(Debug)]
+pub(crate) struct SubError;

@@ -5,14 +5,18 @@ mod det;
 
 mod backend;
 mod builder;
+mod claim;
 mod client;
 mod config;
+mod core;
 mod engine;
 mod error;
 mod lease;
 mod lock;
 mod node;
+mod nodes;
 mod pubsub;
+mod renewal;
 mod scripts;
 #[cfg(feature = "simulation")]
 pub mod sim;
@@ -22,6 +26,7 @@ mod url;
 mod waiters;
 
 pub use builder::{MAX_NODE_NAME_LEN, RedlockBuilder};
+pub use claim::Claim;
 pub use client::Redlock;
 pub use config::{
     Config, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_KEY_PREFIX, DEFAULT_MAX_HOLD,
@@ -29,8 +34,9 @@ pub use config::{
     DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, DEFAULT_TTL, MAX_RESOURCES_PER_LOCK, RetryPolicy,
 };
 pub use error::{
-    ConfigError, Error, NodeError, NodeErrorKind, NodeOutcome, NodeReport, Phase, ResourceError,
+    ConfigError, Error, LostReason, NodeError, NodeErrorKind, NodeOutcome, NodeReport, Phase,
+    ResourceError,
 };
-pub use lease::{Lease, LockGuard, LostReason};
-pub use lock::{Claim, Lock, ReleaseReport};
+pub use lease::{Lease, LockGuard};
+pub use lock::{Lock, ReleaseReport};
 pub use token::{TOKEN_BYTES, Token};

@@ -5,20 +5,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+// `Claim` lives in `claim.rs` (the engine, below this module, needs it); `node.rs` names it here.
+pub(crate) use crate::claim::Claim;
 use crate::error::{NodeOutcome, NodeReport};
 use crate::token::Token;
 
-/// One node's part of a grant: the server's identity and the claim stamp it issued (µs, strictly increasing
-/// per node across all grants). The set of claims of a lock is its fencing token
-/// (`docs/fencing.md`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub struct Claim {
-    /// The server's identity: a random id the server keeps in its identity record (created
-    /// once), the same whichever address or client reaches it.
-    pub node: Arc<str>,
-    /// The stamp the node's acquire script issued.
-    pub stamp_us: u64,
+/// A TTL in the unit the nodes take (`PX`, ms), saturating.
+pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A validity deadline kept on two clocks. Timers run on the monotonic clock, which stops

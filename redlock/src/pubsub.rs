@@ -4,9 +4,7 @@
 use futures_util::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
 
-/// A subscription command failed (the connection broke, or the node refused it).
-#[derive(Debug)]
-pub(crate) struct SubError;
+use crate::error::SubError;
 
 /// Opens subscription connections to one node (one per node and client, built once: the size
 /// difference of the variants does not matter).

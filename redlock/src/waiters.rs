@@ -24,7 +24,8 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
 use crate::det::{HashMap, HashSet};
-use crate::pubsub::{Message, SubClient, SubError, SubSink, SubStream};
+use crate::error::SubError;
+use crate::pubsub::{Message, SubClient, SubSink, SubStream};
 
 /// A channel nobody waited on for this long is unsubscribed (after the next new waiter).
 const IDLE: Duration = Duration::from_secs(30);
@@ -74,7 +75,7 @@ struct NodeTask {
 /// Subscriptions and local turn-taking for one client.
 pub(crate) struct Waiters {
     shared: Arc<Shared>,
-    turns: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
+    turns: Arc<TurnMap>,
     clients: Vec<SubClient>,
     tasks: Mutex<Vec<Option<NodeTask>>>,
     timeout: Duration,
@@ -95,6 +96,37 @@ impl Drop for Waiters {
             task.handle.abort();
         }
     }
+}
+
+/// The FIFO queues of a client's acquirers, by set of resources; each entry lives as long as
+/// someone is queued on it.
+type TurnMap = Mutex<HashMap<String, Weak<Queue>>>;
+
+/// The FIFO queue of one client's acquirers of one set of resources.
+struct Queue {
+    key: String,
+    turns: Weak<TurnMap>,
+    order: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        let Some(turns) = self.turns.upgrade() else {
+            return;
+        };
+        let mut turns = lock(&turns);
+        // A new queue may have taken the key since the last handle went; keep that one.
+        if turns.get(&self.key).is_some_and(|w| w.strong_count() == 0) {
+            turns.remove(&self.key);
+        }
+    }
+}
+
+/// A turn in the FIFO queue of one set of resources: the next acquirer's turn starts when it is
+/// dropped.
+pub(crate) struct Turn {
+    _held: tokio::sync::OwnedMutexGuard<()>,
+    _queue: Arc<Queue>,
 }
 
 /// A waiter's registration. The subscription outlives it: a hot key's waiters come and go far
@@ -140,7 +172,7 @@ impl Waiters {
                 }),
                 changed: Notify::new(),
             }),
-            turns: Mutex::default(),
+            turns: Arc::default(),
             clients,
             tasks: Mutex::new((0..n).map(|_| None).collect()),
             timeout,
@@ -148,16 +180,33 @@ impl Waiters {
         }
     }
 
-    /// The FIFO turn lock of a set of resources (shared by every local waiter on it).
-    pub(crate) fn turn(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut turns = lock(&self.turns);
-        if let Some(t) = turns.get(key).and_then(Weak::upgrade) {
-            return t;
-        }
-        turns.retain(|_, w| w.strong_count() > 0);
-        let t = Arc::new(tokio::sync::Mutex::new(()));
-        turns.insert(key.to_owned(), Arc::downgrade(&t));
-        t
+    /// Joins the FIFO queue of this client's acquirers of `key` (a set of resources) and waits
+    /// up to `limit` for its turn, which lasts until the returned [`Turn`] is dropped. `None`
+    /// when the limit passed first (the place in the queue is given up).
+    pub(crate) async fn turn(&self, key: &str, limit: Duration) -> Option<Turn> {
+        let queue = {
+            let mut turns = lock(&self.turns);
+            match turns.get(key).and_then(Weak::upgrade) {
+                Some(q) => q,
+                None => {
+                    let q = Arc::new(Queue {
+                        key: key.to_owned(),
+                        turns: Arc::downgrade(&self.turns),
+                        order: Arc::new(tokio::sync::Mutex::new(())),
+                    });
+                    turns.insert(key.to_owned(), Arc::downgrade(&q));
+                    q
+                }
+            }
+        };
+        // tokio's mutex queues its lockers in arrival order.
+        let held = tokio::time::timeout(limit, Arc::clone(&queue.order).lock_owned())
+            .await
+            .ok()?;
+        Some(Turn {
+            _held: held,
+            _queue: queue,
+        })
     }
 
     /// Wakes local waiters on `channel` at once (a release by this client).

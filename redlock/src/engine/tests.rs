@@ -11,8 +11,8 @@ use tokio::time::Instant;
 
 use super::*;
 use crate::backend::{Backend, Op, Reply};
-use crate::client::Core;
 use crate::config::{Config, RetryPolicy};
+use crate::core::Core;
 use crate::error::{Error, NodeError, NodeErrorKind};
 
 const NODE_TIMEOUT: Duration = Duration::from_millis(50);
@@ -120,7 +120,7 @@ fn apply(d: &mut NodeData, op: &Op, refuse: bool) -> Reply {
             }
             d.stamp += 1;
             Reply::Yes {
-                claim: Some(crate::lock::Claim {
+                claim: Some(crate::claim::Claim {
                     node: Arc::clone(&d.id),
                     stamp_us: d.stamp,
                 }),

@@ -16,12 +16,12 @@ use tokio::time::Instant;
 
 use super::world::{Call, Conn, Inner, Req, Resp, lock};
 use crate::backend::{Backend, Batch, Op, Renewed, Reply};
+use crate::claim::Claim;
 use crate::config::Config;
 use crate::engine;
+use crate::error::SubError;
 use crate::error::{ConfigError, NodeError, NodeErrorKind};
-use crate::lock::Claim;
 use crate::node::{Identities, NodeKeys, connect_allowance, parse_record, quarantine_until};
-use crate::pubsub::{SubClient as AnySubClient, SubError};
 use crate::token::Token;
 
 /// What a connection's handshake learned.
@@ -96,14 +96,12 @@ impl SimBackend {
     }
 
     /// The subscription side of every node, for the hand-off waiters.
-    pub(crate) fn sub_clients(&self) -> Vec<AnySubClient> {
+    pub(crate) fn sub_clients(&self) -> Vec<SubClient> {
         self.nodes
             .iter()
-            .map(|n| {
-                AnySubClient::Sim(SubClient {
-                    inner: Arc::clone(&n.inner),
-                    index: n.index,
-                })
+            .map(|n| SubClient {
+                inner: Arc::clone(&n.inner),
+                index: n.index,
             })
             .collect()
     }

@@ -1,0 +1,434 @@
+//! `Core`: the protocol of one client — acquire (with the client-local FIFO turns), extend,
+//! release and guard — on top of the quorum engine, generic over its nodes so the algorithm
+//! tests can run it on fakes.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::backend::{Backend, Op};
+use crate::claim::Claim;
+use crate::config::{Config, MAX_RESOURCES_PER_LOCK, RetryPolicy};
+use crate::engine::{self, Goal, Judge, Phase};
+use crate::error::{Error, NodeOutcome, Phase as PhaseName, ResourceError};
+use crate::lease::{Held, LockGuard, Releaser};
+use crate::lock::{self, Deadline, Lock, ReleaseReport};
+use crate::renewal::Renewer;
+use crate::telemetry;
+use crate::token::Token;
+use crate::waiters::{Interest, Waiters};
+
+/// A shared, immutable list of resource names or keys.
+type Names = Arc<[String]>;
+
+/// The protocol, generic over its nodes so the algorithm tests can run it on fakes.
+pub(crate) struct Core<B> {
+    pub(crate) config: Config,
+    pub(crate) backend: Arc<B>,
+    /// The node list this client talks to; a lock remembers the one it was taken on.
+    pub(crate) origin: Arc<str>,
+    /// This client instance (shared by its clones); a lock remembers the one that took it.
+    pub(crate) instance: u64,
+    lock_prefix: String,
+    channel_prefix: String,
+    renewer: Arc<Renewer<B>>,
+    waiters: Option<Arc<Waiters>>,
+}
+
+impl<B: Backend> Core<B> {
+    pub(crate) fn new(config: Config, backend: B, waiters: Option<Waiters>) -> Self {
+        let p = &config.key_prefix;
+        let origin: Vec<&str> = (0..backend.len()).map(|i| &**backend.name(i)).collect();
+        let origin = origin.join(",").into();
+        static INSTANCES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let backend = Arc::new(backend);
+        Self {
+            renewer: Arc::new(Renewer::new(Arc::clone(&backend), config.clone())),
+            origin,
+            instance: INSTANCES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            lock_prefix: format!("{p}lock:"),
+            channel_prefix: format!("{p}release:"),
+            config,
+            backend,
+            waiters: waiters.map(Arc::new),
+        }
+    }
+
+    /// The wake-up channel of each resource.
+    fn channels(&self, resources: &[String]) -> Arc<[String]> {
+        resources
+            .iter()
+            .map(|r| format!("{}{r}", self.channel_prefix))
+            .collect()
+    }
+
+    pub(crate) fn quorum(&self) -> usize {
+        engine::quorum(self.backend.len())
+    }
+
+    /// Sets the node list a lock is recognised by (the builder uses the normalised addresses,
+    /// so two clients of the same nodes under different display names agree).
+    pub(crate) fn with_origin(mut self, origin: impl Into<Arc<str>>) -> Self {
+        self.origin = origin.into();
+        self
+    }
+
+    /// Fails when the client found itself misconfigured after `build()` (one server behind two
+    /// of its addresses): no vote of it may be counted then.
+    pub(crate) fn usable(&self) -> Result<(), Error> {
+        match self.backend.misconfigured() {
+            Some(e) => Err(Error::Config(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Repeats an owner-checked delete (without wake-ups) once the taker's late grants must
+    /// have landed: after five node timeouts (the longest budget of a request that waited for
+    /// a connection), and again after the delivery grace on top of that.
+    fn release_again_later(&self, keys: &Names, token: &Token) {
+        let op = Arc::new(Op::Release {
+            keys: Arc::clone(keys),
+            token: token.clone(),
+            channels: Arc::from(Vec::<String>::new()),
+        });
+        let backend = Arc::clone(&self.backend);
+        let first = self.config.node_timeout * 5;
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        rt.spawn(async move {
+            for wait in [first, engine::DELIVERY_GRACE] {
+                tokio::time::sleep(wait).await;
+                let mut phase = Phase::start(
+                    &backend,
+                    PhaseName::Release,
+                    Arc::clone(&op),
+                    Goal::NoQuorumLeft,
+                    None,
+                );
+                let _ = phase.decided().await;
+            }
+        });
+    }
+
+    /// Fails for a lock taken by a client of other nodes.
+    pub(crate) fn owns(&self, origin: &Arc<str>) -> Result<(), Error> {
+        if Arc::ptr_eq(origin, &self.origin) || **origin == *self.origin {
+            Ok(())
+        } else {
+            Err(Error::ForeignLock {
+                lock_nodes: origin.to_string(),
+                client_nodes: self.origin.to_string(),
+            })
+        }
+    }
+
+    /// Validates resource names and maps them to keys.
+    pub(crate) fn keys(&self, resources: Vec<String>) -> Result<(Names, Names), ResourceError> {
+        if resources.is_empty() {
+            return Err(ResourceError::NoResources);
+        }
+        if resources.len() > MAX_RESOURCES_PER_LOCK {
+            return Err(ResourceError::TooMany {
+                count: resources.len(),
+                max: MAX_RESOURCES_PER_LOCK,
+            });
+        }
+        for (index, r) in resources.iter().enumerate() {
+            if r.is_empty() {
+                return Err(ResourceError::Empty { index });
+            }
+            if r.len() > self.config.max_resource_len {
+                return Err(ResourceError::TooLong {
+                    index,
+                    len: r.len(),
+                    max: self.config.max_resource_len,
+                });
+            }
+            if resources[..index].contains(r) {
+                return Err(ResourceError::Duplicate { index });
+            }
+        }
+        let keys: Vec<String> = resources
+            .iter()
+            .map(|r| format!("{}{r}", self.lock_prefix))
+            .collect();
+        Ok((resources.into(), keys.into()))
+    }
+
+    /// One acquisition attempt.
+    pub(crate) async fn attempt(
+        &self,
+        resources: &Arc<[String]>,
+        keys: &Arc<[String]>,
+        token: Token,
+        rearm: bool,
+    ) -> Result<Lock, Error> {
+        self.usable()?;
+        let ttl = self.config.ttl;
+        let started = Instant::now();
+        let op = Arc::new(Op::Acquire {
+            stamped: self.config.claim_stamps,
+            keys: Arc::clone(keys),
+            token: token.clone(),
+            ttl_ms: lock::ttl_ms(ttl),
+            rearm,
+        });
+        // The cleanup of a failed attempt publishes nothing: the holder still holds the lock,
+        // and a wake-up would send every waiter (this one too) into an attempt failing the same
+        // way, spending their retry policies in a few round trips.
+        let cleanup = Arc::new(Op::Release {
+            keys: Arc::clone(keys),
+            token: token.clone(),
+            channels: Arc::from(Vec::<String>::new()),
+        });
+        let mut phase = Phase::start(
+            &self.backend,
+            PhaseName::Acquire,
+            op,
+            Goal::Quorum,
+            Some(cleanup),
+        );
+        let d = phase.decided().await;
+        // A misconfiguration found while this attempt ran: none of its votes may count.
+        if d.success
+            && let Err(e) = self.usable()
+        {
+            phase.abandon();
+            return Err(e);
+        }
+        // Validity counts from before the first request: TTL − elapsed − drift.
+        let valid_for = match Judge::new(PhaseName::Acquire, ttl, &self.config).judge(
+            &d,
+            &*self.backend,
+            started.elapsed(),
+        ) {
+            Ok(valid_for) => valid_for,
+            Err(e) => {
+                phase.abandon();
+                return Err(e);
+            }
+        };
+        let granted = phase.keep();
+        let mut claims: Vec<Claim> = d.claims.into_iter().flatten().collect();
+        claims.sort_by(|a, b| a.node.cmp(&b.node));
+        Ok(Lock {
+            resources: Arc::clone(resources),
+            keys: Arc::clone(keys),
+            token,
+            ttl,
+            valid_until: Deadline::after(started, valid_for),
+            claims,
+            granted: Some(granted),
+            origin: Arc::clone(&self.origin),
+            taker: self.instance,
+        })
+    }
+
+    /// Attempts per `policy`, a fresh token each time unless `token` is given.
+    pub(crate) async fn acquire(
+        &self,
+        resources: Vec<String>,
+        policy: &RetryPolicy,
+        token: Option<&Token>,
+    ) -> Result<Lock, Error> {
+        let (resources, keys) = self.keys(resources)?;
+        let span = tracing::debug_span!("redlock.acquire", resources = ?&*resources, nodes = self.backend.len());
+        async {
+            let started = Instant::now();
+            let mut attempts = 0u32;
+            // Within this client, acquirers of the same resources are served in FIFO order:
+            // each takes its turn before its first attempt and keeps it until it returns, so a
+            // task that releases and acquires again queues behind the client's waiters instead
+            // of reaching the nodes before they do. A single attempt (`try_acquire`) neither
+            // waits in nor joins the queue.
+            // (`_turn` is only held, never read: dropping it passes the turn on.)
+            let mut _turn = None;
+            let mut last_attempt = false;
+            if let Some(waiters) = self.waiters.as_ref().filter(|_| !policy.single_attempt()) {
+                let limit = policy.wait_limit(self.config.node_timeout);
+                _turn = waiters.turn(&keys.join("\n"), limit).await;
+                // Queued for the whole limit: one attempt, then give up.
+                last_attempt = _turn.is_none();
+            }
+            // Set once the lock turns out to be busy: the release notifications we wait for.
+            let mut interest: Option<Interest> = None;
+            loop {
+                attempts += 1;
+                let fixed = token.is_some();
+                let token = match token {
+                    Some(t) => t.clone(),
+                    None => Token::random().map_err(Error::Entropy)?,
+                };
+                // Listen before trying, so a release between the attempt and the wait counts.
+                let notified = interest.as_ref().map(|i| Arc::clone(&i.notify));
+                let mut notified = notified.as_ref().map(|n| Box::pin(n.notified()));
+                if let Some(n) = notified.as_mut() {
+                    n.as_mut().enable();
+                }
+                let attempt_started = Instant::now();
+                let result = self.attempt(&resources, &keys, token, fixed).await;
+                let round_trip = attempt_started.elapsed();
+                let err = match result {
+                    Ok(lock) => {
+                        tracing::debug!(attempts, token = %lock.token, remaining = ?lock.remaining(), "acquired");
+                        telemetry::acquire_done(&Ok(()), attempts, started.elapsed());
+                        return Ok(lock);
+                    }
+                    Err(e) => e,
+                };
+                let unit: f64 = crate::det::unit();
+                let pause = if err.is_retryable() && !last_attempt {
+                    policy.next_delay(attempts, started.elapsed(), unit)
+                } else {
+                    None
+                };
+                tracing::debug!(attempts, error = %err, retry_in = ?pause, "attempt failed");
+                let Some(pause) = pause else {
+                    telemetry::acquire_done(&Err(&err), attempts, started.elapsed());
+                    return Err(err);
+                };
+                match (&self.waiters, err.is_busy(), &interest) {
+                    (Some(waiters), true, None) => {
+                        // Subscribe and retry at once: the holder may have left meanwhile.
+                        let channel = format!("{}{}", self.channel_prefix, resources[0]);
+                        interest = Some(waiters.interest(&channel).await);
+                    }
+                    (_, _, Some(_)) if notified.is_some() => {
+                        let wake = notified.take();
+                        let woken = crate::det::select! {
+                            () = async { if let Some(w) = wake { w.await } } => true,
+                            () = tokio::time::sleep(pause) => false,
+                        };
+                        if woken {
+                            // Every client's waiter hears the same release. Retrying all at once
+                            // splits the nodes' votes so that nobody reaches a quorum; a random
+                            // stagger of up to two round trips lets the first one win cleanly.
+                            let unit: f64 = crate::det::unit();
+                            tokio::time::sleep((round_trip * 2).mul_f64(unit)).await;
+                        }
+                    }
+                    _ => tokio::time::sleep(pause).await,
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    pub(crate) async fn extend(&self, lock: &mut Lock) -> Result<(), Error> {
+        self.owns(&lock.origin)?;
+        self.usable()?;
+        let span = tracing::debug_span!("redlock.extend", resources = ?&*lock.resources, token = %lock.token);
+        async {
+            let ttl = lock.ttl;
+            let started = Instant::now();
+            let op = Arc::new(Op::Extend {
+                keys: Arc::clone(&lock.keys),
+                token: lock.token.clone(),
+                ttl_ms: lock::ttl_ms(ttl),
+            });
+            let mut phase = Phase::start(&self.backend, PhaseName::Extend, op, Goal::Quorum, None);
+            let d = phase.decided().await;
+            // The new validity counts from the extension's start, never from the old deadline.
+            let valid_for = Judge::new(PhaseName::Extend, ttl, &self.config)
+                .judge(&d, &*self.backend, started.elapsed())
+                .inspect_err(|_| {
+                    let refused = d.count(|o| matches!(o, NodeOutcome::Refused));
+                    tracing::debug!(
+                        granted = d.positive,
+                        refused,
+                        "extend failed; lock left as it was"
+                    );
+                })?;
+            lock.valid_until = Deadline::after(started, valid_for);
+            Ok(())
+        }
+        .instrument(span)
+        .await
+    }
+
+    pub(crate) async fn release(&self, lock: Lock) -> Result<ReleaseReport, Error> {
+        self.owns(&lock.origin)?;
+        self.release_parts(&lock.resources, &lock.keys, &lock.token, lock.taker)
+            .await
+    }
+
+    /// Owner-checked delete on every node. `taker` is the client instance that took the lock:
+    /// when it is another one, its requests travel on other connections, so one of its late
+    /// grants (still in flight to a slow node) can land after this release; the delete is
+    /// then repeated in the background, after the longest time such a grant can be in flight.
+    pub(crate) async fn release_parts(
+        &self,
+        resources: &Names,
+        keys: &Names,
+        token: &Token,
+        taker: u64,
+    ) -> Result<ReleaseReport, Error> {
+        if taker != self.instance {
+            self.release_again_later(keys, token);
+        }
+        let span =
+            tracing::debug_span!("redlock.release", resources = ?&**resources, token = %token);
+        async {
+            let channels = self.channels(resources);
+            let op = Arc::new(Op::Release {
+                keys: Arc::clone(keys),
+                token: token.clone(),
+                channels: Arc::clone(&channels),
+            });
+            let mut phase = Phase::start(
+                &self.backend,
+                PhaseName::Release,
+                op,
+                Goal::NoQuorumLeft,
+                None,
+            );
+            let d = phase.decided().await;
+            telemetry::release_done(d.success);
+            if let Some(w) = &self.waiters {
+                // Local waiters need not wait for the notification's round trip.
+                for c in channels.iter() {
+                    w.notify_local(c);
+                }
+            }
+            let nodes = d.reports(&*self.backend);
+            if d.success {
+                tracing::debug!(confirmed = d.positive, "released");
+                Ok(ReleaseReport { nodes })
+            } else {
+                Err(Error::QuorumUnreachable {
+                    phase: PhaseName::Release,
+                    granted: d.positive,
+                    required: d.needed,
+                    nodes,
+                })
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Turns a lock into a renewed guard, starting the renewal driver if needed.
+    pub(crate) fn guard(self: &Arc<Self>, lock: Lock) -> LockGuard {
+        let held = self.renewer.hold(lock);
+        LockGuard::new(held, Arc::clone(self) as Arc<dyn Releaser>)
+    }
+}
+
+impl<B: Backend> Releaser for Core<B> {
+    fn finish(&self, held: &Arc<Held>) {
+        self.renewer.finish(held);
+    }
+
+    fn release_held(
+        &self,
+        held: Arc<Held>,
+    ) -> futures_util::future::BoxFuture<'_, Result<ReleaseReport, Error>> {
+        Box::pin(async move {
+            self.release_parts(&held.resources, &held.keys, &held.token, held.taker)
+                .await
+        })
+    }
+}

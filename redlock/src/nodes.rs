@@ -1,0 +1,92 @@
+//! The nodes a client talks to: real Redis masters or simulated ones, behind the [`Backend`]
+//! seam.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+
+use crate::backend::{Backend, Batch, Op, Renewed, Reply};
+use crate::error::{ConfigError, NodeError};
+
+/// The nodes a [`Redlock`](crate::Redlock) talks to: real Redis masters, or (for testing the
+/// client under faults) simulated ones. Dispatch is one match per request.
+pub(crate) enum Nodes {
+    Redis(crate::node::RedisBackend),
+    #[cfg(feature = "simulation")]
+    Sim(crate::sim::SimBackend),
+}
+
+impl Nodes {
+    /// Opens node `i`'s connection now, waiting for the outcome.
+    pub(crate) fn connect(&self, i: usize) -> BoxFuture<'static, Result<(), NodeError>> {
+        match self {
+            Self::Redis(b) => {
+                let node = Arc::clone(&b.nodes[i]);
+                Box::pin(async move { node.connect().await })
+            }
+            #[cfg(feature = "simulation")]
+            Self::Sim(b) => b.connect(i),
+        }
+    }
+}
+
+impl Backend for Nodes {
+    #[inline]
+    fn len(&self) -> usize {
+        match self {
+            Self::Redis(b) => b.len(),
+            #[cfg(feature = "simulation")]
+            Self::Sim(b) => b.len(),
+        }
+    }
+
+    #[inline]
+    fn name(&self, i: usize) -> &Arc<str> {
+        match self {
+            Self::Redis(b) => b.name(i),
+            #[cfg(feature = "simulation")]
+            Self::Sim(b) => b.name(i),
+        }
+    }
+
+    #[inline]
+    fn budget(&self, i: usize) -> Duration {
+        match self {
+            Self::Redis(b) => b.budget(i),
+            #[cfg(feature = "simulation")]
+            Self::Sim(b) => b.budget(i),
+        }
+    }
+
+    #[inline]
+    fn call(&self, i: usize, op: Arc<Op>) -> BoxFuture<'static, Result<Reply, NodeError>> {
+        match self {
+            Self::Redis(b) => b.call(i, op),
+            #[cfg(feature = "simulation")]
+            Self::Sim(b) => b.call(i, op),
+        }
+    }
+
+    #[inline]
+    fn extend_many(
+        &self,
+        i: usize,
+        batch: Arc<Batch>,
+    ) -> BoxFuture<'static, Result<Vec<Renewed>, NodeError>> {
+        match self {
+            Self::Redis(b) => b.extend_many(i, batch),
+            #[cfg(feature = "simulation")]
+            Self::Sim(b) => b.extend_many(i, batch),
+        }
+    }
+
+    #[inline]
+    fn misconfigured(&self) -> Option<ConfigError> {
+        match self {
+            Self::Redis(b) => b.misconfigured(),
+            #[cfg(feature = "simulation")]
+            Self::Sim(b) => b.misconfigured(),
+        }
+    }
+}
