@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-// `Claim` lives in `claim.rs` (the engine, below this module, needs it); `node.rs` names it here.
-pub(crate) use crate::claim::Claim;
+use crate::claim::Claim;
 use crate::error::{NodeOutcome, NodeReport};
 use crate::token::Token;
 

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use crate::backend::{Backend, Batch, Op, Renewed, Reply};
 use crate::engine;
 use crate::error::{ConfigError, NodeError, NodeErrorKind};
-use crate::lock::Claim;
+use crate::claim::Claim;
 use crate::scripts::{self, LuaScript};
 use crate::token::Token;
 use crate::url::{NodeSpec, scrub};
