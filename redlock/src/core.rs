@@ -254,6 +254,9 @@ impl<B: Backend> Core<B> {
             }
             // Set once the lock turns out to be busy: the release notifications we wait for.
             let mut interest: Option<Interest> = None;
+            // Quick retries left after split votes, granted by a release notification (see
+            // below); a split vote without a release before it is waited out like a refusal.
+            let mut quick_retries = 0u32;
             loop {
                 attempts += 1;
                 let fixed = token.is_some();
@@ -296,12 +299,35 @@ impl<B: Backend> Core<B> {
                         interest = Some(waiters.interest(&channel).await);
                     }
                     (_, _, Some(_)) if notified.is_some() => {
+                        // After a release, the woken contenders may split the nodes' votes so
+                        // that nobody reaches the quorum (this attempt won some nodes, but not
+                        // enough). Every contender then cleans up its grants, and cleanups wake
+                        // nobody, so waiting for a notification would sleep out the retry delay
+                        // with the lock free. Such a split is retried after a short random
+                        // backoff of up to four round trips — at most three times per release
+                        // heard. A split vote without a release before it (say, a holder whose
+                        // key one node lost) is waited out like any refusal, so it cannot spend
+                        // the retry policy in a few round trips.
+                        let split = matches!(
+                            &err,
+                            Error::Busy { granted, .. } | Error::QuorumUnreachable { granted, .. }
+                                if *granted > 0
+                        );
+                        let wait = if split && quick_retries > 0 {
+                            quick_retries -= 1;
+                            let unit: f64 = crate::det::unit();
+                            (round_trip * 4).mul_f64(unit).min(pause)
+                        } else {
+                            quick_retries = 0;
+                            pause
+                        };
                         let wake = notified.take();
                         let woken = crate::det::select! {
                             () = async { if let Some(w) = wake { w.await } } => true,
-                            () = tokio::time::sleep(pause) => false,
+                            () = tokio::time::sleep(wait) => false,
                         };
                         if woken {
+                            quick_retries = 3;
                             // Every client's waiter hears the same release. Retrying all at once
                             // splits the nodes' votes so that nobody reaches a quorum; a random
                             // stagger of up to two round trips lets the first one win cleanly.

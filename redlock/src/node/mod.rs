@@ -15,9 +15,9 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::backend::{Backend, Batch, Op, Renewed, Reply};
+use crate::claim::Claim;
 use crate::engine;
 use crate::error::{ConfigError, NodeError, NodeErrorKind};
-use crate::claim::Claim;
 use crate::scripts::{self, LuaScript};
 use crate::token::Token;
 use crate::url::{NodeSpec, scrub};
