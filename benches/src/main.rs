@@ -393,7 +393,24 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
             for which in Impl::ALL {
                 pb.set_message(format!("{locks} held locks N={n} {}", which.name()));
                 let result = if which.renews() {
-                    Some(scenarios::held(which, &urls[..n], locks, plan.held_ttl, plan.hold).await?)
+                    let r =
+                        scenarios::held(which, &urls[..n], locks, plan.held_ttl, plan.hold).await?;
+                    // Each row as it completes, so a long run shows its progress.
+                    pb.suspend(|| {
+                        eprintln!(
+                            "held {locks} {}: {} held in {:.1} s, {:.3} cores, {:.0} B/lock, \
+                         {:.1} renewal calls/s/node, {} lost, row {:.0} s",
+                            which.name(),
+                            r.held,
+                            r.acquire_secs,
+                            r.cpu_cores,
+                            r.rss_bytes_per_lock,
+                            r.node_round_trips_per_sec,
+                            r.lost,
+                            r.total_secs
+                        )
+                    });
+                    Some(r)
                 } else {
                     None
                 };

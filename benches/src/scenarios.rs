@@ -403,7 +403,14 @@ pub(crate) async fn held(
             let guards: Vec<_> = stream::iter(0..locks)
                 .map(|i| {
                     let (rl, resource) = (rl.clone(), format!("{tag}:{i}"));
-                    async move { rl.guard(rl.try_acquire(&resource).await.ok()?).ok() }
+                    async move {
+                        // Bounded by the harness: a call that never returns counts as failed.
+                        let lock = tokio::time::timeout(OP_BOUND, rl.try_acquire(&resource))
+                            .await
+                            .ok()?
+                            .ok()?;
+                        rl.guard(lock).ok()
+                    }
                 })
                 .buffer_unordered(HELD_CONCURRENCY)
                 .filter_map(|g| async move { g })
@@ -415,7 +422,7 @@ pub(crate) async fn held(
             let held = guards.len();
             stream::iter(guards)
                 .map(|g| async move {
-                    let _ = g.release().await;
+                    let _ = tokio::time::timeout(OP_BOUND, g.release()).await;
                 })
                 .buffer_unordered(HELD_CONCURRENCY)
                 .collect::<()>()
@@ -427,7 +434,13 @@ pub(crate) async fn held(
             let handles: Vec<_> = stream::iter(0..locks)
                 .map(|i| {
                     let lock = p.create_lock(&format!("{tag}:{i}"));
-                    async move { lock.try_acquire().await.ok().flatten() }
+                    async move {
+                        tokio::time::timeout(OP_BOUND, lock.try_acquire())
+                            .await
+                            .ok()?
+                            .ok()
+                            .flatten()
+                    }
                 })
                 .buffer_unordered(HELD_CONCURRENCY)
                 .filter_map(|h| async move { h })
@@ -444,7 +457,7 @@ pub(crate) async fn held(
             let held = handles.len();
             stream::iter(handles)
                 .map(|h| async move {
-                    let _ = h.release().await;
+                    let _ = tokio::time::timeout(OP_BOUND, h.release()).await;
                 })
                 .buffer_unordered(HELD_CONCURRENCY)
                 .collect::<()>()
