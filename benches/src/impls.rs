@@ -1,8 +1,10 @@
-//! The four implementations behind one small async interface.
+//! The six implementations behind one small async interface.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
+use distributed_lock_redis::RedisLockProvider;
 use redlock::{Redlock, RetryPolicy};
 use serde::Serialize;
 
@@ -20,10 +22,21 @@ pub(crate) enum Impl {
     RedlockRs,
     /// The raw-protocol floor.
     Floor,
+    /// crates.io `redis-lock` 0.5 (`lock_across`, tokio, redis 0.27).
+    RedisLock,
+    /// crates.io `distributed-lock-redis` 0.2 (fred 9).
+    DistLock,
 }
 
 impl Impl {
-    pub(crate) const ALL: [Impl; 4] = [Impl::Redlock, Impl::Rslock, Impl::RedlockRs, Impl::Floor];
+    pub(crate) const ALL: [Impl; 6] = [
+        Impl::Redlock,
+        Impl::Rslock,
+        Impl::RedlockRs,
+        Impl::Floor,
+        Impl::RedisLock,
+        Impl::DistLock,
+    ];
 
     pub(crate) fn name(self) -> &'static str {
         match self {
@@ -31,19 +44,26 @@ impl Impl {
             Impl::Rslock => "rslock",
             Impl::RedlockRs => "redlock-rs",
             Impl::Floor => "floor",
+            Impl::RedisLock => "redis-lock",
+            Impl::DistLock => "distributed-lock-redis",
         }
     }
 
     /// Whether the implementation can wait for a held lock (retry loop or wake-ups).
+    /// distributed-lock-redis cannot: its `acquire(timeout)` makes one attempt and returns
+    /// `Timeout` when that attempt fails (`lock.rs`), whatever the timeout.
     pub(crate) fn waits(self) -> bool {
-        !matches!(self, Impl::Floor)
+        !matches!(self, Impl::Floor | Impl::DistLock)
     }
 
     /// Whether the implementation renews held locks by itself.
     pub(crate) fn renews(self) -> bool {
-        matches!(self, Impl::Redlock | Impl::Rslock)
+        matches!(self, Impl::Redlock | Impl::Rslock | Impl::DistLock)
     }
 }
+
+/// Called by a contender right after it won the lock, while it holds it.
+pub(crate) type OnWin = Arc<dyn Fn() + Send + Sync>;
 
 /// How a client is configured for one scenario.
 #[derive(Debug, Clone, Copy)]
@@ -64,6 +84,37 @@ pub(crate) enum Client {
     Rslock(rslock::LockManager),
     RedlockRs(Arc<redlock_rs::RedLock>),
     Floor(Arc<Floor>),
+    RedisLock(Arc<RedisLockClient>),
+    DistLock(Arc<RedisLockProvider>),
+}
+
+/// redis-lock's `lock_across` takes `&[Arc<Mutex<C>>]` and holds each mutex for a whole round
+/// trip. One multiplexed connection per node is opened once; every call wraps clones of them in
+/// fresh mutexes, so concurrent calls of one client pipeline on those connections (as the
+/// floor's and rslock's do) instead of queueing on one mutex per node.
+#[derive(Debug)]
+pub(crate) struct RedisLockClient {
+    conns: Vec<redis_027::aio::MultiplexedConnection>,
+    ttl: Duration,
+    retry: Duration,
+    duration: Duration,
+}
+
+impl RedisLockClient {
+    fn options(&self) -> redis_lock::LockAcrossOptions {
+        redis_lock::LockAcrossOptions {
+            ttl: self.ttl,
+            retry: self.retry,
+            duration: self.duration,
+        }
+    }
+
+    fn conns(&self) -> Vec<Arc<tokio::sync::Mutex<redis_027::aio::MultiplexedConnection>>> {
+        self.conns
+            .iter()
+            .map(|c| Arc::new(tokio::sync::Mutex::new(c.clone())))
+            .collect()
+    }
 }
 
 impl std::fmt::Debug for Client {
@@ -112,6 +163,48 @@ impl Client {
             Impl::Floor => Client::Floor(Arc::new(
                 Floor::connect(urls, setup.ttl, setup.floor_timeout).await?,
             )),
+            Impl::RedisLock => {
+                let mut conns = Vec::with_capacity(urls.len());
+                for url in urls {
+                    // redis 0.27's default: no response timeout.
+                    let conn = redis_027::Client::open(url.as_str())?
+                        .get_multiplexed_async_connection()
+                        .await
+                        .map_err(|e| format!("redis-lock: connecting {url}: {e}"))?;
+                    conns.push(conn);
+                }
+                let (retry, duration) = if setup.single_attempt {
+                    // One attempt: the loop re-checks `duration` only after the attempt and a
+                    // `retry` sleep, so 1 ms of each (its sleep after a failed attempt stays).
+                    (Duration::from_millis(1), Duration::from_millis(1))
+                } else if let Some(d) = setup.wait_deadline {
+                    // Waiting (hot key): its default 100 ms retry delay, our waiting budget.
+                    (redis_lock::DEFAULT_RETRY_DELAY, d)
+                } else {
+                    (
+                        redis_lock::DEFAULT_RETRY_DELAY,
+                        redis_lock::DEFAULT_DURATION,
+                    )
+                };
+                Client::RedisLock(Arc::new(RedisLockClient {
+                    conns,
+                    ttl: setup.ttl,
+                    retry,
+                    duration,
+                }))
+            }
+            Impl::DistLock => {
+                // Its defaults are expiry 30 s, min validity 27 s (acquire timeout = their
+                // difference, 3 s), extension every 10 s: the same proportions at our TTL.
+                let provider = RedisLockProvider::builder()
+                    .urls(urls)
+                    .expiry(setup.ttl)
+                    .min_validity(setup.ttl.mul_f64(0.9))
+                    .extension_cadence(setup.ttl / 3)
+                    .build()
+                    .await?;
+                Client::DistLock(Arc::new(provider))
+            }
         })
     }
 
@@ -121,6 +214,8 @@ impl Client {
             Client::Rslock(_) => Impl::Rslock,
             Client::RedlockRs(_) => Impl::RedlockRs,
             Client::Floor(_) => Impl::Floor,
+            Client::RedisLock(_) => Impl::RedisLock,
+            Client::DistLock(_) => Impl::DistLock,
         }
     }
 
@@ -161,16 +256,31 @@ impl Client {
                 .map_err(|e| format!("blocking task: {e}"))?
             }
             Client::Floor(f) => f.cycle(resource).await,
+            Client::RedisLock(c) => {
+                redis_lock::lock_across(&c.conns(), resource, async {}, c.options())
+                    .await
+                    .map_err(|e| format!("lock_across: {e}"))
+            }
+            Client::DistLock(p) => {
+                let handle = p
+                    .create_lock(resource)
+                    .try_acquire()
+                    .await
+                    .map_err(|e| format!("try_acquire: {e}"))?
+                    .ok_or_else(|| "try_acquire: not acquired".to_owned())?;
+                handle.release().await.map_err(|e| format!("release: {e}"))
+            }
         }
     }
 
     /// Waits for `resource` (per the client's retry settings), holds it for `hold`, releases
-    /// it. Returns how long the acquire waited.
+    /// it. Returns how long the acquire waited. `on_win` runs while the lock is held.
     pub(crate) async fn wait_hold_release(
         &self,
         resource: &str,
         ttl: Duration,
         hold: Duration,
+        on_win: OnWin,
     ) -> Result<Duration, String> {
         match self {
             Client::Redlock(rl) => {
@@ -180,6 +290,7 @@ impl Client {
                     .await
                     .map_err(|e| format!("acquire: {e}"))?;
                 let waited = t.elapsed();
+                on_win();
                 tokio::time::sleep(hold).await;
                 rl.release(lock)
                     .await
@@ -193,6 +304,7 @@ impl Client {
                     .await
                     .map_err(|e| format!("acquire: {e:?}"))?;
                 let waited = t.elapsed();
+                on_win();
                 tokio::time::sleep(hold).await;
                 lm.unlock(&lock).await;
                 Ok(waited)
@@ -207,6 +319,7 @@ impl Client {
                         .acquire(resource.as_bytes(), ttl_ms)
                         .map_err(|e| format!("acquire: {e}"))?;
                     let waited = t.elapsed();
+                    on_win();
                     std::thread::sleep(hold);
                     drop(guard); // its Drop releases on every node
                     Ok(waited)
@@ -214,7 +327,22 @@ impl Client {
                 .await
                 .map_err(|e| format!("blocking task: {e}"))?
             }
-            Client::Floor(_) => Err("the floor cannot wait".to_owned()),
+            Client::RedisLock(c) => {
+                let t = Instant::now();
+                let work = async move {
+                    let waited = t.elapsed();
+                    on_win();
+                    tokio::time::sleep(hold).await;
+                    waited
+                };
+                redis_lock::lock_across(&c.conns(), resource, work, c.options())
+                    .await
+                    .map_err(|e| format!("lock_across: {e}"))
+            }
+            Client::Floor(_) | Client::DistLock(_) => Err(format!(
+                "{} cannot wait for a held lock",
+                self.which().name()
+            )),
         }
     }
 }

@@ -13,6 +13,7 @@
 
 #![forbid(unsafe_code)]
 
+mod counters;
 mod floor;
 mod impls;
 mod plots;
@@ -52,6 +53,8 @@ pub(crate) struct Plan {
     pub(crate) fault_samples: usize,
     pub(crate) fault_slow_samples: usize,
     pub(crate) fault_hung_samples: usize,
+    /// Wall-time cap of one fault series (one implementation under one fault).
+    pub(crate) fault_series_budget: Duration,
 }
 
 impl Plan {
@@ -60,21 +63,23 @@ impl Plan {
             Plan {
                 quick,
                 nodes: vec![1, 3, 5, 7],
-                latency_samples: 300,
+                latency_samples: 200,
                 block: 100,
                 redlock_rs_samples: 60,
                 concurrencies: vec![1, 16, 64],
-                tput_wall: Duration::from_millis(300),
+                tput_wall: Duration::from_millis(200),
                 hot_nodes: vec![5],
-                hot_wall: Duration::from_secs(2),
+                hot_wall: Duration::from_secs(1),
                 held_nodes: 5,
                 held_sizes: vec![1_000],
                 held_ttl: Duration::from_secs(2),
-                hold: Duration::from_secs(3),
+                hold: Duration::from_secs(2),
                 fault_nodes: vec![5],
-                fault_samples: 100,
-                fault_slow_samples: 20,
-                fault_hung_samples: 2,
+                fault_samples: 50,
+                fault_slow_samples: 10,
+                // Peers without a per-node timeout take 1–2.5 s per op here.
+                fault_hung_samples: 1,
+                fault_series_budget: Duration::from_secs(3),
             }
         } else {
             Plan {
@@ -88,13 +93,14 @@ impl Plan {
                 hot_nodes: vec![1, 3, 5, 7],
                 hot_wall: Duration::from_secs(10),
                 held_nodes: 5,
-                held_sizes: vec![1_000, 10_000, 20_000],
+                held_sizes: vec![1_000, 10_000, 100_000],
                 held_ttl: Duration::from_secs(10),
                 hold: Duration::from_secs(60),
                 fault_nodes: vec![3, 5, 7],
                 fault_samples: 1_000,
                 fault_slow_samples: 200,
                 fault_hung_samples: 6,
+                fault_series_budget: Duration::from_secs(30),
             }
         }
     }
@@ -147,7 +153,40 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
+/// Panics seen by the hook, and the first one's location and message.
+static PANICS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static FIRST_PANIC: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Counts panics (tokio catches those of spawned tasks: a peer's background task can die
+/// without anyone noticing) and prints only the first of each location.
+fn count_panics() {
+    static SEEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        PANICS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let location = info
+            .location()
+            .map_or_else(String::new, |l| format!("{}:{}", l.file(), l.line()));
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        let _ = FIRST_PANIC.set(format!("{message} at {location}"));
+        let mut seen = SEEN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !seen.contains(&location) {
+            seen.push(location);
+            default(info);
+        }
+    }));
+}
+
 fn main() {
+    counters::install();
+    count_panics();
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
@@ -225,7 +264,7 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
     }
 
     let steps = plan.nodes.len() * (1 + plan.concurrencies.len() * Impl::ALL.len())
-        + plan.hot_nodes.len() * (Impl::ALL.len() + 1)
+        + plan.hot_nodes.len() * (Impl::ALL.len() + Impl::ALL.iter().filter(|w| w.waits()).count())
         + plan.held_sizes.len() * Impl::ALL.len()
         + plan.fault_nodes.len() * 6;
     let pb = ProgressBar::new(steps as u64);
@@ -247,6 +286,9 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
             user_nodes: args.nodes.is_some(),
             hold_secs: plan.hold.as_secs_f64(),
             command: std::env::args().collect::<Vec<_>>().join(" "),
+            phase_secs: Vec::new(),
+            task_panics: 0,
+            first_panic: None,
         },
         latency: Vec::new(),
         throughput: Vec::new(),
@@ -256,6 +298,14 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
         skipped: Vec::new(),
     };
 
+    let mut phase = Instant::now();
+    let mut phase_done = |name: &str, report: &mut Report| {
+        report
+            .meta
+            .phase_secs
+            .push((name.to_owned(), phase.elapsed().as_secs_f64()));
+        phase = Instant::now();
+    };
     if wants("latency") || wants("throughput") {
         for &n in &plan.nodes {
             let mut clients = Vec::new();
@@ -303,17 +353,23 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
         report
             .throughput
             .sort_by_key(|r| (r.n, r.concurrency, r.implementation as u8));
+        phase_done("latency + throughput", &mut report);
     }
 
     if wants("hot") {
         for &n in &plan.hot_nodes {
-            // This crate also with one shared client: its waiters take FIFO turns in-process.
+            // Eight clients, then (for those that can wait) one client shared by the eight
+            // contenders: this crate's waiters take FIFO turns in-process.
             let variants = Impl::ALL
                 .iter()
                 .map(|w| (*w, false))
-                .chain([(Impl::Redlock, true)]);
+                .chain(Impl::ALL.iter().filter(|w| w.waits()).map(|w| (*w, true)));
             for (which, shared) in variants {
-                pb.set_message(format!("hot key N={n} {}", which.name()));
+                pb.set_message(format!(
+                    "hot key N={n} {}{}",
+                    which.name(),
+                    if shared { " shared" } else { "" }
+                ));
                 let result = if which.waits() {
                     Some(scenarios::hot_key(n, which, &urls[..n], plan.hot_wall, shared).await?)
                 } else {
@@ -328,6 +384,7 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
                 pb.inc(1);
             }
         }
+        phase_done("hot key", &mut report);
     }
 
     if wants("held") {
@@ -336,7 +393,24 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
             for which in Impl::ALL {
                 pb.set_message(format!("{locks} held locks N={n} {}", which.name()));
                 let result = if which.renews() {
-                    Some(scenarios::held(which, &urls[..n], locks, plan.held_ttl, plan.hold).await?)
+                    let r =
+                        scenarios::held(which, &urls[..n], locks, plan.held_ttl, plan.hold).await?;
+                    // Each row as it completes, so a long run shows its progress.
+                    pb.suspend(|| {
+                        eprintln!(
+                            "held {locks} {}: {} held in {:.1} s, {:.3} cores, {:.0} B/lock, \
+                         {:.1} renewal calls/s/node, {} lost, row {:.0} s",
+                            which.name(),
+                            r.held,
+                            r.acquire_secs,
+                            r.cpu_cores,
+                            r.rss_bytes_per_lock,
+                            r.node_round_trips_per_sec,
+                            r.lost,
+                            r.total_secs
+                        )
+                    });
+                    Some(r)
                 } else {
                     None
                 };
@@ -351,6 +425,7 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
                 pb.inc(1);
             }
         }
+        phase_done("held locks", &mut report);
     }
     drop(cluster);
 
@@ -369,10 +444,13 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
                 .await?;
                 report.faults.extend(rows);
             }
+            phase_done("faults", &mut report);
         }
     }
     pb.finish_and_clear();
     report.skipped = skipped;
     report.meta.wall_secs = started.elapsed().as_secs_f64();
+    report.meta.task_panics = PANICS.load(std::sync::atomic::Ordering::Relaxed);
+    report.meta.first_panic = FIRST_PANIC.get().cloned();
     Ok(report)
 }

@@ -15,6 +15,123 @@ fn color(which: Impl) -> RGBColor {
         Impl::Rslock => RGBColor(0xd6, 0x27, 0x28),
         Impl::RedlockRs => RGBColor(0x94, 0x67, 0xbd),
         Impl::Floor => RGBColor(0x2c, 0xa0, 0x2c),
+        Impl::RedisLock => RGBColor(0xff, 0x7f, 0x0e),
+        Impl::DistLock => RGBColor(0x8c, 0x56, 0x4b),
+    }
+}
+
+/// One bar of a grouped bar chart: its value and an optional note drawn above it.
+type Bar = Option<(f64, Option<String>)>;
+
+/// Grouped bars: one group per `groups` entry, one bar per implementation in each; a missing
+/// bar (`None`) leaves its slot empty. `log` puts y on a log scale.
+fn bars(
+    path: &Path,
+    title: &str,
+    groups: &[String],
+    y_desc: &str,
+    log: bool,
+    fmt_y: &dyn Fn(f64) -> String,
+    series: &[(Impl, Vec<Bar>)],
+) -> Result<(), BenchError> {
+    let values = series
+        .iter()
+        .flat_map(|(_, b)| b.iter().flatten().map(|b| b.0))
+        .filter(|v| *v > 0.0);
+    let (lo, hi) = values.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    if lo > hi {
+        return Ok(());
+    }
+    let root = SVGBackend::new(path, (960, 520)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let labels = groups.to_vec();
+    let x_range = 0f64..groups.len() as f64;
+    let mut builder = ChartBuilder::on(&root);
+    builder
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(80);
+    let width = 0.8 / series.len().max(1) as f64;
+    let x_fmt = move |x: &f64| {
+        let i = (x - 0.5).round();
+        if (x - 0.5 - i).abs() < 0.01 && i >= 0.0 {
+            labels.get(i as usize).cloned().unwrap_or_default()
+        } else {
+            String::new()
+        }
+    };
+    macro_rules! draw {
+        ($chart:expr, $base:expr) => {{
+            let mut chart = $chart;
+            chart
+                .configure_mesh()
+                .disable_x_mesh()
+                .x_labels(groups.len() * 2 + 1)
+                .x_label_formatter(&x_fmt)
+                .y_desc(y_desc)
+                .y_label_formatter(&|y| fmt_y(*y))
+                .draw()?;
+            for (k, (which, bars)) in series.iter().enumerate() {
+                let c = color(*which);
+                let mut first = true;
+                for (g, bar) in bars.iter().enumerate() {
+                    let Some((v, note)) = bar else { continue };
+                    let x0 = g as f64 + 0.1 + k as f64 * width;
+                    let top = if *v > 0.0 { *v } else { $base };
+                    let rect = Rectangle::new([(x0, $base), (x0 + width * 0.92, top)], c.filled());
+                    let drawn = chart.draw_series(std::iter::once(rect))?;
+                    if first {
+                        drawn.label(which.name()).legend(move |(x, y)| {
+                            Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled())
+                        });
+                        first = false;
+                    }
+                    if let Some(note) = note {
+                        chart.draw_series(std::iter::once(Text::new(
+                            note.clone(),
+                            (x0, top),
+                            ("sans-serif", 11).into_font().color(&BLACK),
+                        )))?;
+                    }
+                }
+            }
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .position(SeriesLabelPosition::UpperLeft)
+                .draw()?;
+        }};
+    }
+    if log {
+        let base = lo / 2.0;
+        draw!(
+            builder.build_cartesian_2d(x_range, (base..hi * 3.0).log_scale())?,
+            base
+        );
+    } else {
+        draw!(builder.build_cartesian_2d(x_range, 0f64..hi * 1.15)?, 0.0);
+    }
+    root.present()?;
+    Ok(())
+}
+
+fn fmt_us(y: f64) -> String {
+    if y >= 1_000_000.0 {
+        format!("{:.1} s", y / 1_000_000.0)
+    } else if y >= 1000.0 {
+        format!("{:.0} ms", y / 1000.0)
+    } else {
+        format!("{y:.0} µs")
+    }
+}
+
+fn fmt_plain(y: f64) -> String {
+    if y >= 10.0 {
+        format!("{y:.0}")
+    } else {
+        format!("{y:.2}")
     }
 }
 
@@ -25,6 +142,7 @@ fn lines(
     x_labels: &[String],
     y_desc: &str,
     series: &[(Impl, Vec<(usize, f64)>)],
+    fmt_y: &dyn Fn(f64) -> String,
 ) -> Result<(), BenchError> {
     let values = series
         .iter()
@@ -58,13 +176,7 @@ fn lines(
             }
         })
         .y_desc(y_desc)
-        .y_label_formatter(&|y| {
-            if *y >= 1000.0 {
-                format!("{:.0} ms", y / 1000.0)
-            } else {
-                format!("{y:.0} µs")
-            }
-        })
+        .y_label_formatter(&|y| fmt_y(*y))
         .draw()?;
     for (which, pts) in series {
         let c = color(*which);
@@ -124,43 +236,174 @@ pub(crate) fn write_all(report: &Report, dir: &Path) -> Result<Vec<String>, Benc
                 (*w, pts)
             })
             .collect();
-        lines(&dir.join(name), title, &x, "latency", &series)?;
+        lines(&dir.join(name), title, &x, "latency", &series, &fmt_us)?;
         files.push(name.to_owned());
     }
-    let fault_ns: std::collections::BTreeSet<usize> = report.faults.iter().map(|r| r.n).collect();
-    for n in fault_ns {
-        let faults: Vec<String> = {
-            let mut v: Vec<String> = Vec::new();
-            for r in report.faults.iter().filter(|r| r.n == n) {
-                if !v.contains(&r.fault) {
-                    v.push(r.fault.clone());
-                }
-            }
-            v
-        };
+    // Throughput vs N at 64 tasks (and 1 task), one line per implementation.
+    for c in [64usize, 1] {
         let series: Vec<(Impl, Vec<(usize, f64)>)> = Impl::ALL
             .iter()
             .map(|w| {
-                let pts = faults
+                let pts = nodes
                     .iter()
                     .enumerate()
-                    .filter_map(|(i, f)| {
+                    .filter_map(|(i, n)| {
                         report
-                            .faults
+                            .throughput
                             .iter()
-                            .find(|r| r.n == n && &r.fault == f && r.implementation == *w)
-                            .map(|r| (i, r.cycle.p99_us))
+                            .find(|r| r.n == *n && r.concurrency == c && r.implementation == *w)
+                            .map(|r| (i, r.ops_per_sec))
                     })
                     .collect();
                 (*w, pts)
             })
             .collect();
-        let name = format!("fault_tail_p99_n{n}.svg");
+        let name = format!("throughput_c{c}_vs_n.svg");
         lines(
+            &dir.join(&name),
+            &format!("Throughput, {c} tasks on distinct keys (ops/s, log scale)"),
+            &x,
+            "ops/s",
+            &series,
+            &fmt_plain,
+        )?;
+        files.push(name);
+    }
+
+    // Hot key: hand-offs/s per implementation, 8 clients and 1 shared client, per N.
+    let hot_ns: std::collections::BTreeSet<usize> = report.hot_key.iter().map(|r| r.n).collect();
+    for n in hot_ns {
+        let groups = vec!["8 clients".to_owned(), "1 shared client".to_owned()];
+        let series: Vec<(Impl, Vec<Bar>)> = Impl::ALL
+            .iter()
+            .map(|w| {
+                let bars = [crate::scenarios::CONTENDERS, 1]
+                    .iter()
+                    .map(|clients| {
+                        let h = report
+                            .hot_key
+                            .iter()
+                            .find(|r| r.n == n && r.implementation == *w && r.clients == *clients)?
+                            .result
+                            .as_ref()?;
+                        let note = format!("J {:.2}", h.jain);
+                        Some((h.handoffs_per_sec, Some(note)))
+                    })
+                    .collect();
+                (*w, bars)
+            })
+            .filter(|(_, b): &(Impl, Vec<Bar>)| b.iter().any(Option::is_some))
+            .collect();
+        let name = format!("hot_key_n{n}.svg");
+        bars(
+            &dir.join(&name),
+            &format!("Hot key, 8 contenders, 1 ms hold, N = {n}: hand-offs/s (J = Jain's index)"),
+            &groups,
+            "hand-offs/s",
+            false,
+            &fmt_plain,
+            &series,
+        )?;
+        files.push(name);
+    }
+
+    // Held locks: CPU and memory per lock vs number of locks.
+    let sizes: Vec<usize> = {
+        let set: std::collections::BTreeSet<usize> = report.held.iter().map(|r| r.locks).collect();
+        set.into_iter().collect()
+    };
+    if !sizes.is_empty() {
+        let size_labels: Vec<String> = sizes.iter().map(|s| format!("{s} locks")).collect();
+        type Pick = fn(&crate::report::HeldResult) -> f64;
+        let picks: [(&str, &str, &str, Pick); 2] = [
+            (
+                "held_cpu.svg",
+                "Held locks: client CPU over the hold window (cores)",
+                "cores",
+                |h| h.cpu_cores,
+            ),
+            (
+                "held_memory.svg",
+                "Held locks: resident memory per held lock (bytes)",
+                "bytes per lock",
+                |h| h.rss_bytes_per_lock,
+            ),
+        ];
+        for (name, title, y_desc, pick) in picks {
+            let series: Vec<(Impl, Vec<Bar>)> = Impl::ALL
+                .iter()
+                .filter(|w| w.renews())
+                .map(|w| {
+                    let bars = sizes
+                        .iter()
+                        .map(|s| {
+                            let h = report
+                                .held
+                                .iter()
+                                .find(|r| r.locks == *s && r.implementation == *w)?
+                                .result
+                                .as_ref()?;
+                            let note = (h.lost > 0).then(|| format!("{} lost", h.lost));
+                            Some((pick(h), note))
+                        })
+                        .collect();
+                    (*w, bars)
+                })
+                .collect();
+            bars(
+                &dir.join(name),
+                title,
+                &size_labels,
+                y_desc,
+                false,
+                &fmt_plain,
+                &series,
+            )?;
+            files.push(name.to_owned());
+        }
+    }
+
+    // Faults: p99 of one attempt + release per fault, bars, with error / timeout counts.
+    let fault_ns: std::collections::BTreeSet<usize> = report.faults.iter().map(|r| r.n).collect();
+    for n in fault_ns {
+        let mut faults: Vec<String> = Vec::new();
+        for r in report.faults.iter().filter(|r| r.n == n) {
+            if !faults.contains(&r.fault) {
+                faults.push(r.fault.clone());
+            }
+        }
+        let series: Vec<(Impl, Vec<Bar>)> = Impl::ALL
+            .iter()
+            .map(|w| {
+                let bars = faults
+                    .iter()
+                    .map(|f| {
+                        let l = &report
+                            .faults
+                            .iter()
+                            .find(|r| r.n == n && &r.fault == f && r.implementation == *w)?
+                            .cycle;
+                        let mut note = Vec::new();
+                        if l.errors > 0 {
+                            note.push(format!("{}/{} err", l.errors, l.samples));
+                        }
+                        if l.timeouts > 0 {
+                            note.push(format!("{} t/o", l.timeouts));
+                        }
+                        Some((l.p99_us, (!note.is_empty()).then(|| note.join(", "))))
+                    })
+                    .collect();
+                (*w, bars)
+            })
+            .collect();
+        let name = format!("fault_tail_p99_n{n}.svg");
+        bars(
             &dir.join(&name),
             &format!("p99 of one acquire attempt + release under faults, N = {n} (log scale)"),
             &faults,
             "p99",
+            true,
+            &fmt_us,
             &series,
         )?;
         files.push(name);

@@ -74,6 +74,20 @@ pub(crate) struct HotKeyResult {
     pub(crate) wait: Latency,
     /// Acquisitions of the contender that got the fewest (starvation shows as 0).
     pub(crate) min_per_contender: u64,
+    /// Waits still unfinished 1 s after the window closed: cut off and counted in `wait` at
+    /// the time waited so far (a lower bound).
+    pub(crate) censored_waits: u64,
+    /// Jain's fairness index over the contenders' wins: 1 = even, 1/8 = one took all.
+    pub(crate) jain: f64,
+    /// Longest run of consecutive wins by one contender (barging shows as long runs).
+    pub(crate) longest_streak: u64,
+    pub(crate) wins_per_contender: Vec<u64>,
+    /// This crate only (`metrics` facade): `redlock_split_votes_total` over the run.
+    pub(crate) split_votes: Option<u64>,
+    /// This crate only: `acquire` calls finished over the run (`redlock_acquire_attempts` count).
+    pub(crate) acquire_calls: Option<u64>,
+    /// This crate only: attempts those calls made (`redlock_acquire_attempts` sum).
+    pub(crate) acquire_attempts: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -96,6 +110,11 @@ pub(crate) struct HeldResult {
     pub(crate) node_round_trips_per_sec: f64,
     /// Commands each node executed per second, including those run inside scripts.
     pub(crate) node_cmds_per_sec: f64,
+    /// Resident memory growth (`VmRSS`, /proc/self/status) from before the first acquire to
+    /// the end of the hold window, per held lock, in bytes.
+    pub(crate) rss_bytes_per_lock: f64,
+    /// The whole row: connect, acquire all, hold window, release all.
+    pub(crate) total_secs: f64,
     /// Locks whose holder saw them lost (or that could not be re-checked) at the end.
     pub(crate) lost: u64,
 }
@@ -130,6 +149,12 @@ pub(crate) struct Meta {
     pub(crate) user_nodes: bool,
     pub(crate) hold_secs: f64,
     pub(crate) command: String,
+    /// Wall time of each scenario group that ran, in seconds.
+    pub(crate) phase_secs: Vec<(String, f64)>,
+    /// Panics inside spawned tasks during the run (tokio catches them; peers' background
+    /// tasks are the only ones expected), with the first message.
+    pub(crate) task_panics: u64,
+    pub(crate) first_panic: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -182,6 +207,124 @@ impl Report {
             .map(|r| r.ops_per_sec)
     }
 
+    fn hot_of(&self, n: usize, which: Impl, clients: usize) -> Option<&HotKeyResult> {
+        self.hot_key
+            .iter()
+            .find(|r| r.n == n && r.implementation == which && r.clients == clients)
+            .and_then(|r| r.result.as_ref())
+    }
+
+    /// This implementation's row at the largest held-locks size measured.
+    fn held_largest(&self, which: Impl) -> Option<(usize, &HeldResult)> {
+        self.held
+            .iter()
+            .filter(|r| r.implementation == which)
+            .max_by_key(|r| r.locks)
+            .and_then(|r| Some((r.locks, r.result.as_ref()?)))
+    }
+
+    /// One table for N = 5: the figure of each scenario per implementation, blank where an
+    /// implementation lacks the feature or the scenario did not run.
+    fn headline(&self) -> String {
+        const N: usize = 5;
+        let cols = [
+            Impl::Redlock,
+            Impl::Floor,
+            Impl::Rslock,
+            Impl::RedlockRs,
+            Impl::RedisLock,
+            Impl::DistLock,
+        ];
+        let fault_cell = |l: &Latency, v: f64| {
+            let mut c = us(v);
+            if l.errors > 0 {
+                let _ = write!(c, " ({}/{} err)", l.errors, l.samples);
+            }
+            if l.timeouts > 0 {
+                let _ = write!(c, " ({} harness t/o)", l.timeouts);
+            }
+            c
+        };
+        let largest = cols
+            .iter()
+            .filter_map(|w| self.held_largest(*w).map(|(n, _)| n))
+            .max();
+        type CellFn<'a> = Box<dyn Fn(Impl) -> Option<String> + 'a>;
+        let rows: Vec<(String, CellFn<'_>)> = vec![
+            (
+                "uncontended acquire + release, p50".to_owned(),
+                Box::new(|w| Some(us(self.latency_of(N, w)?.p50_us))),
+            ),
+            (
+                "uncontended acquire + release, p99".to_owned(),
+                Box::new(|w| Some(us(self.latency_of(N, w)?.p99_us))),
+            ),
+            (
+                "throughput, 64 tasks, distinct keys (ops/s)".to_owned(),
+                Box::new(|w| Some(format!("{:.0}", self.tput_of(N, 64, w)?))),
+            ),
+            (
+                "hot key, 8 clients: hand-offs/s".to_owned(),
+                Box::new(|w| {
+                    Some(format!(
+                        "{:.0}",
+                        self.hot_of(N, w, CONTENDERS)?.handoffs_per_sec
+                    ))
+                }),
+            ),
+            (
+                "hot key, 8 clients: wait p99".to_owned(),
+                Box::new(|w| Some(us(self.hot_of(N, w, CONTENDERS)?.wait.p99_us))),
+            ),
+            (
+                format!(
+                    "held locks: client CPU (cores), {} locks",
+                    largest.map_or("–".to_owned(), |n| n.to_string())
+                ),
+                Box::new(|w| {
+                    let (locks, h) = self.held_largest(w)?;
+                    (Some(locks) == largest).then(|| format!("{:.3}", h.cpu_cores))
+                }),
+            ),
+            (
+                "one hung node: p99 of one attempt + release".to_owned(),
+                Box::new(|w| {
+                    let l = self.fault_of(N, "hung", w)?;
+                    Some(fault_cell(l, l.p99_us))
+                }),
+            ),
+            (
+                "majority hung: time to error (max)".to_owned(),
+                Box::new(|w| {
+                    let l = self.fault_of(N, "majority hung", w)?;
+                    Some(fault_cell(l, l.max_us))
+                }),
+            ),
+            (
+                "majority dead: time to error (max)".to_owned(),
+                Box::new(|w| {
+                    let l = self.fault_of(N, "majority dead", w)?;
+                    Some(fault_cell(l, l.max_us))
+                }),
+            ),
+        ];
+        let mut md = format!("### Headline, N = {N}\n\n| measure |");
+        for w in cols {
+            let _ = write!(md, " {} |", w.name());
+        }
+        md.push_str("\n|---|");
+        md.push_str(&"---:|".repeat(cols.len()));
+        md.push('\n');
+        for (label, cell) in &rows {
+            let _ = write!(md, "| {label} |");
+            for w in cols {
+                let _ = write!(md, " {} |", cell(w).unwrap_or_default());
+            }
+            md.push('\n');
+        }
+        md
+    }
+
     /// All tables, as Markdown.
     pub(crate) fn markdown(&self) -> String {
         let mut md = String::new();
@@ -191,6 +334,25 @@ impl Report {
             "## redlock-bench ({} mode, {} cores, N ∈ {:?}, {:.0} s)\n",
             m.mode, m.cores, m.nodes, m.wall_secs
         );
+        md.push_str(&self.headline());
+        if !m.phase_secs.is_empty() {
+            let phases: Vec<String> = m
+                .phase_secs
+                .iter()
+                .map(|(p, s)| format!("{p} {s:.0} s"))
+                .collect();
+            let _ = writeln!(md, "\nScenario wall times: {}.\n", phases.join(", "));
+        }
+        if m.task_panics > 0 {
+            let _ = writeln!(
+                md,
+                "\n**{} panics in spawned tasks during the run** (first: {}).\n",
+                m.task_panics,
+                m.first_panic.as_deref().unwrap_or("?")
+            );
+        }
+        md.push_str(&self.targets());
+        md.push('\n');
 
         let _ = writeln!(
             md,
@@ -239,15 +401,24 @@ impl Report {
         let _ = writeln!(
             md,
             "\n### Hot key: 8 contenders, 1 ms hold\n\n\
-             | N | impl | clients | hand-offs/s | wait p50 | wait p99 | wait max | fewest wins of one contender | errors |\n\
-             |---:|---|---:|---:|---:|---:|---:|---:|---:|"
+             Split votes and attempts: this crate only (`redlock_split_votes_total`, \
+             `redlock_acquire_attempts` through the `metrics` facade).\n\n\
+             Cut-off waits: still waiting 1 s after the window closed; counted in the wait \
+             percentiles at the time waited so far (a lower bound).\n\n\
+             | N | impl | clients | hand-offs/s | wait p50 | wait p99 | wait max | cut-off waits | fewest wins of one contender | Jain | longest streak | split votes | attempts / acquire | errors |\n\
+             |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         );
         for r in &self.hot_key {
             match &r.result {
                 Some(h) => {
+                    let opt = |v: Option<u64>| v.map_or("–".to_owned(), |v| v.to_string());
+                    let per_acquire = match (h.acquire_attempts, h.acquire_calls) {
+                        (Some(a), Some(c)) if c > 0 => format!("{:.2}", a as f64 / c as f64),
+                        _ => "–".to_owned(),
+                    };
                     let _ = writeln!(
                         md,
-                        "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} |",
+                        "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {:.3} | {} | {} | {} | {} |",
                         r.n,
                         r.implementation.name(),
                         r.clients,
@@ -255,14 +426,19 @@ impl Report {
                         us(h.wait.p50_us),
                         us(h.wait.p99_us),
                         us(h.wait.max_us),
+                        h.censored_waits,
                         h.min_per_contender,
+                        h.jain,
+                        h.longest_streak,
+                        opt(h.split_votes),
+                        per_acquire,
                         h.wait.errors
                     );
                 }
                 None => {
                     let _ = writeln!(
                         md,
-                        "| {} | {} | {} | n/a | n/a | n/a | n/a | n/a | n/a |",
+                        "| {} | {} | {} | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a |",
                         r.n,
                         r.implementation.name(),
                         r.clients
@@ -274,31 +450,37 @@ impl Report {
         let _ = writeln!(
             md,
             "\n### Many held locks, auto-renewed by one client\n\n\
-             | N | locks | TTL | held | impl | acquire all | client CPU (cores) | renewal round trips/s per node | commands/s per node (incl. in scripts) | lost |\n\
-             |---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"
+             Memory: growth of `VmRSS` (/proc/self/status) from before the first acquire to the \
+             end of the hold window, per held lock. CPU: user + system (getrusage) over the \
+             hold window, in cores.\n\n\
+             | N | locks | TTL | hold | impl | held | acquire all | client CPU (cores) | RSS per lock | renewal round trips/s per node | commands/s per node (incl. in scripts) | lost | row time |\n\
+             |---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
         );
         for r in &self.held {
             match &r.result {
                 Some(h) => {
                     let _ = writeln!(
                         md,
-                        "| {} | {} | {:.0} s | {:.0} s | {} | {:.2} s | {:.3} | {:.1} | {:.0} | {} |",
+                        "| {} | {} | {:.0} s | {:.0} s | {} | {} | {:.2} s | {:.3} | {:.0} B | {:.1} | {:.0} | {} | {:.0} s |",
                         r.n,
                         r.locks,
                         r.ttl_secs,
                         r.hold_secs,
                         r.implementation.name(),
+                        h.held,
                         h.acquire_secs,
                         h.cpu_cores,
+                        h.rss_bytes_per_lock,
                         h.node_round_trips_per_sec,
                         h.node_cmds_per_sec,
-                        h.lost
+                        h.lost,
+                        h.total_secs
                     );
                 }
                 None => {
                     let _ = writeln!(
                         md,
-                        "| {} | {} | {:.0} s | {:.0} s | {} | n/a | n/a | n/a | n/a | n/a |",
+                        "| {} | {} | {:.0} s | {:.0} s | {} | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a |",
                         r.n,
                         r.locks,
                         r.ttl_secs,
@@ -338,44 +520,16 @@ impl Report {
         if !self.skipped.is_empty() {
             let _ = writeln!(md, "\nSkipped: {}", self.skipped.join("; "));
         }
-        md.push_str(&self.targets());
         md
     }
 
-    /// The issue's targets, met or missed, with numbers.
+    /// The targets, met or missed, with numbers (ratios within this run).
     pub(crate) fn targets(&self) -> String {
         let mut md = String::from(
-            "\n### Targets (ratios within this run)\n\n| target | measured | goal | verdict |\n|---|---:|---:|---|\n",
+            "### Targets (ratios within this run)\n\n| target | measured | goal | verdict |\n|---|---:|---:|---|\n",
         );
         let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
-        for n in &self.meta.nodes {
-            if let (Some(a), Some(f)) = (
-                self.latency_of(*n, Impl::Redlock),
-                self.latency_of(*n, Impl::Floor),
-            ) {
-                let r = a.p50_us / f.p50_us;
-                let _ = writeln!(
-                    md,
-                    "| uncontended p50 / floor, N = {n} | {r:.2}× | ≤ 1.10× | {} |",
-                    verdict(r <= 1.10)
-                );
-            }
-        }
-        let (first, last) = (self.meta.nodes.first(), self.meta.nodes.last());
-        if let (Some(&lo), Some(&hi)) = (first, last)
-            && lo != hi
-        {
-            let growth =
-                |w: Impl| Some(self.latency_of(hi, w)?.p50_us / self.latency_of(lo, w)?.p50_us);
-            if let (Some(a), Some(f)) = (growth(Impl::Redlock), growth(Impl::Floor)) {
-                let _ = writeln!(
-                    md,
-                    "| p50 growth N = {lo} → {hi} (floor: {f:.2}×) | {a:.2}× | ≤ floor's | {} |",
-                    verdict(a <= f * 1.05)
-                );
-            }
-        }
-        for n in [5usize] {
+        for &n in &self.meta.nodes {
             if let (Some(a), Some(f)) = (
                 self.tput_of(n, 64, Impl::Redlock),
                 self.tput_of(n, 64, Impl::Floor),
@@ -383,12 +537,87 @@ impl Report {
                 let r = a / f;
                 let _ = writeln!(
                     md,
-                    "| throughput at 64 tasks / floor, N = {n} ({a:.0} vs {f:.0} ops/s) | {r:.2}× | ≥ 1.0× | {} |",
+                    "| throughput, 64 tasks, / floor, N = {n} ({a:.0} vs {f:.0} ops/s) | {r:.2}× | ≥ 1.0× | {} |",
                     verdict(r >= 1.0)
                 );
             }
+            if let (Some(a), Some(b)) = (
+                self.tput_of(n, 64, Impl::Redlock),
+                self.tput_of(n, 64, Impl::Rslock),
+            ) {
+                let r = a / b;
+                let _ = writeln!(
+                    md,
+                    "| throughput, 64 tasks, / rslock, N = {n} ({a:.0} vs {b:.0} ops/s) | {r:.2}× | ≥ 1.3× | {} |",
+                    verdict(r >= 1.3)
+                );
+            }
         }
-        for n in [5usize, 7] {
+        for &n in &self.meta.nodes {
+            if let (Some(a), Some(f)) = (
+                self.latency_of(n, Impl::Redlock),
+                self.latency_of(n, Impl::Floor),
+            ) {
+                let r = a.p50_us / f.p50_us;
+                let _ = writeln!(
+                    md,
+                    "| uncontended p50 / floor, N = {n} ({} vs {}) | {r:.2}× | ≤ 1.05× | {} |",
+                    us(a.p50_us),
+                    us(f.p50_us),
+                    verdict(r <= 1.05)
+                );
+                let r = a.p99_us / f.p99_us;
+                let _ = writeln!(
+                    md,
+                    "| uncontended p99 / floor, N = {n} ({} vs {}) | {r:.2}× | ≤ 1.2× | {} |",
+                    us(a.p99_us),
+                    us(f.p99_us),
+                    verdict(r <= 1.2)
+                );
+            }
+        }
+        let hot_ns: std::collections::BTreeSet<usize> = self.hot_key.iter().map(|r| r.n).collect();
+        for n in hot_ns.into_iter().filter(|n| *n == 5) {
+            let ours = self.hot_of(n, Impl::Redlock, CONTENDERS);
+            if let (Some(a), Some(b)) = (ours, self.hot_of(n, Impl::Rslock, CONTENDERS)) {
+                let r = a.handoffs_per_sec / b.handoffs_per_sec;
+                let _ = writeln!(
+                    md,
+                    "| hot key N = {n}, 8 clients: hand-offs/s / rslock ({:.0} vs {:.0}) | {r:.2}× | ≥ 1.3× | {} |",
+                    a.handoffs_per_sec,
+                    b.handoffs_per_sec,
+                    verdict(r >= 1.3)
+                );
+                let r = a.wait.p99_us / b.wait.p99_us;
+                let _ = writeln!(
+                    md,
+                    "| hot key N = {n}, 8 clients: wait p99 / rslock ({} vs {}) | {r:.2}× | ≤ 0.25× | {} |",
+                    us(a.wait.p99_us),
+                    us(b.wait.p99_us),
+                    verdict(r <= 0.25)
+                );
+            }
+            for (clients, label) in [(CONTENDERS, "8 clients"), (1, "1 shared client")] {
+                if let Some(a) = self.hot_of(n, Impl::Redlock, clients) {
+                    let _ = writeln!(
+                        md,
+                        "| hot key N = {n}, {label}: Jain's fairness index | {:.3} | ≥ 0.95 | {} |",
+                        a.jain,
+                        verdict(a.jain >= 0.95)
+                    );
+                }
+            }
+        }
+        if let Some((locks, h)) = self.held_largest(Impl::Redlock) {
+            let _ = writeln!(
+                md,
+                "| {locks} held locks: client CPU | {:.3} cores | < 1 core (at 100000) | {} |",
+                h.cpu_cores,
+                verdict(h.cpu_cores < 1.0)
+            );
+        }
+        let fault_ns: std::collections::BTreeSet<usize> = self.faults.iter().map(|r| r.n).collect();
+        for &n in &fault_ns {
             if let (Some(h), Some(ok)) = (
                 self.fault_of(n, "hung", Impl::Redlock),
                 self.fault_of(n, "healthy", Impl::Redlock),
@@ -396,7 +625,9 @@ impl Report {
                 let r = h.p99_us / ok.p99_us;
                 let _ = writeln!(
                     md,
-                    "| one hung node: p99 / healthy p99, N = {n} | {r:.2}× | ≤ 3× | {} |",
+                    "| one hung node: p99 / healthy p99, N = {n} ({} vs {}) | {r:.2}× | ≤ 3× | {} |",
+                    us(h.p99_us),
+                    us(ok.p99_us),
                     verdict(r <= 3.0)
                 );
             }
@@ -411,52 +642,14 @@ impl Report {
             let ok = r.cycle.max_us <= budget_us && r.cycle.errors == r.cycle.samples;
             let _ = writeln!(
                 md,
-                "| {}, N = {}: time to a definite error (max) | {} | ≤ {} | {} |",
+                "| {}, N = {}: time to a definite error (max; {}/{} errors) | {} | ≤ {} | {} |",
                 r.fault,
                 r.n,
+                r.cycle.errors,
+                r.cycle.samples,
                 us(r.cycle.max_us),
                 us(budget_us),
                 verdict(ok)
-            );
-        }
-        if let Some(h5) = self.hot_key.iter().find(|r| r.n == 5) {
-            let get = |w: Impl| {
-                self.hot_key
-                    .iter()
-                    .find(|r| r.n == h5.n && r.implementation == w && r.clients == CONTENDERS)
-                    .and_then(|r| r.result.as_ref())
-            };
-            if let (Some(a), Some(b)) = (get(Impl::Redlock), get(Impl::Rslock)) {
-                let r = a.handoffs_per_sec / b.handoffs_per_sec;
-                let _ = writeln!(
-                    md,
-                    "| hot key N = 5: hand-offs/s / rslock ({:.0} vs {:.0}) | {r:.2}× | ≥ 1.3× | {} |",
-                    a.handoffs_per_sec,
-                    b.handoffs_per_sec,
-                    verdict(r >= 1.3)
-                );
-                let _ = writeln!(
-                    md,
-                    "| hot key N = 5: wait p99 vs rslock | {} vs {} | far below | {} |",
-                    us(a.wait.p99_us),
-                    us(b.wait.p99_us),
-                    verdict(a.wait.p99_us * 3.0 <= b.wait.p99_us)
-                );
-            }
-        }
-        if let Some(r) = self
-            .held
-            .iter()
-            .filter(|r| r.implementation == Impl::Redlock)
-            .max_by_key(|r| r.locks)
-            && let Some(h) = &r.result
-        {
-            let _ = writeln!(
-                md,
-                "| {} held locks: client CPU | {:.3} cores | well under 1 | {} |",
-                r.locks,
-                h.cpu_cores,
-                verdict(h.cpu_cores < 0.5)
             );
         }
         md
