@@ -338,9 +338,9 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
                         // Rotate who goes first so warm-up effects do not favour one.
                         let client = &clients[(k + c) % clients.len()];
                         pb.set_message(format!("throughput N={n} c={c} {}", client.which().name()));
-                        report
-                            .throughput
-                            .push(scenarios::throughput(n, client, c, plan.tput_wall).await);
+                        report.throughput.push(
+                            scenarios::throughput(n, client, &urls[..n], c, plan.tput_wall).await,
+                        );
                     }
                     let _ = client;
                     pb.inc(1);

@@ -66,6 +66,13 @@ pub(crate) struct ThroughputRow {
     pub(crate) implementation: Impl,
     pub(crate) ops_per_sec: f64,
     pub(crate) errors: u64,
+    /// Server CPU (every node) per acquire + release.
+    pub(crate) server_cpu_us_per_op: f64,
+    /// This process's CPU per acquire + release.
+    pub(crate) client_cpu_us_per_op: f64,
+    /// Commands the nodes ran per acquire + release (`INFO commandstats` calls, including the
+    /// commands run inside scripts).
+    pub(crate) commands_per_op: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -382,19 +389,26 @@ impl Report {
         let _ = writeln!(
             md,
             "\n### Throughput on distinct keys (acquire + release per op)\n\n\
-             | N | tasks | impl | ops/s | errors | / floor |\n|---:|---:|---|---:|---:|---:|"
+             Server CPU = `used_cpu_user` + `used_cpu_sys` of every node; client CPU = this \
+             process; commands = `INFO commandstats` calls on every node (script calls and the \
+             commands inside them) — all per acquire + release.\n\n\
+             | N | tasks | impl | ops/s | errors | / floor | server CPU µs/op | client CPU µs/op | commands/op |\n\
+             |---:|---:|---|---:|---:|---:|---:|---:|---:|"
         );
         for r in &self.throughput {
             let floor = self.tput_of(r.n, r.concurrency, Impl::Floor).unwrap_or(0.0);
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {:.0} | {} | {} |",
+                "| {} | {} | {} | {:.0} | {} | {} | {:.1} | {:.1} | {:.1} |",
                 r.n,
                 r.concurrency,
                 r.implementation.name(),
                 r.ops_per_sec,
                 r.errors,
-                ratio(r.ops_per_sec, floor)
+                ratio(r.ops_per_sec, floor),
+                r.server_cpu_us_per_op,
+                r.client_cpu_us_per_op,
+                r.commands_per_op
             );
         }
 

@@ -87,9 +87,12 @@ pub(crate) async fn uncontended(
 pub(crate) async fn throughput(
     n: usize,
     client: &Client,
+    urls: &[String],
     concurrency: usize,
     wall: Duration,
 ) -> ThroughputRow {
+    let servers_before = server_work(urls).await;
+    let cpu_before = cpu_time();
     let stop = Arc::new(AtomicBool::new(false));
     let ops = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
@@ -117,13 +120,79 @@ pub(crate) async fn throughput(
     join_all(tasks).await;
     // Cycles finishing after the stop flag count, and so does their time.
     let secs = started.elapsed().as_secs_f64();
+    let client_cpu = cpu_time().saturating_sub(cpu_before);
+    let servers = server_work(urls).await.since(&servers_before);
+    let done = ops.load(Ordering::Relaxed).max(1) as f64;
     ThroughputRow {
         n,
         concurrency,
         implementation: client.which(),
         ops_per_sec: ops.load(Ordering::Relaxed) as f64 / secs,
         errors: errors.load(Ordering::Relaxed),
+        server_cpu_us_per_op: servers.cpu_us / done,
+        client_cpu_us_per_op: client_cpu.as_secs_f64() * 1e6 / done,
+        commands_per_op: servers.commands as f64 / done,
     }
+}
+
+/// What the servers did, every node summed: CPU (`used_cpu_user` + `used_cpu_sys` of
+/// `INFO cpu`) and commands (`INFO commandstats` calls: script calls and the commands run
+/// inside them, but not the harness's own `INFO`, `HELLO` and `PING`).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct ServerWork {
+    cpu_us: f64,
+    commands: u64,
+}
+
+impl ServerWork {
+    fn since(&self, before: &ServerWork) -> ServerWork {
+        ServerWork {
+            cpu_us: (self.cpu_us - before.cpu_us).max(0.0),
+            commands: self.commands.saturating_sub(before.commands),
+        }
+    }
+}
+
+/// `INFO all` of the node at `url`, or `None` when it does not answer.
+async fn info_all(url: &str) -> Option<String> {
+    let info: redis::RedisResult<String> = async {
+        let mut conn = redis::Client::open(url)?
+            .get_multiplexed_async_connection()
+            .await?;
+        redis::cmd("INFO").arg("all").query_async(&mut conn).await
+    }
+    .await;
+    info.ok()
+}
+
+/// Reads [`ServerWork`] from every node (nodes that do not answer count nothing).
+pub(crate) async fn server_work(urls: &[String]) -> ServerWork {
+    let mut work = ServerWork::default();
+    for url in urls {
+        let Some(info) = info_all(url).await else {
+            continue;
+        };
+        for line in info.lines() {
+            for field in ["used_cpu_user:", "used_cpu_sys:"] {
+                if let Some(v) = line.strip_prefix(field) {
+                    work.cpu_us += v.trim().parse::<f64>().unwrap_or(0.0) * 1e6;
+                }
+            }
+            if let Some(rest) = line.strip_prefix("cmdstat_") {
+                let (name, fields) = rest.split_once(':').unwrap_or((rest, ""));
+                if matches!(name, "info" | "client|setname" | "hello" | "ping") {
+                    continue;
+                }
+                let calls = fields
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix("calls="))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .unwrap_or(0);
+                work.commands += calls;
+            }
+        }
+    }
+    work
 }
 
 /// Who won the hot key last and the longest run of consecutive wins by one contender.
@@ -307,14 +376,9 @@ fn cpu_time() -> Duration {
 pub(crate) async fn node_commands(urls: &[String]) -> (u64, u64) {
     let (mut scripts, mut total) = (0, 0);
     for url in urls {
-        let info: redis::RedisResult<String> = async {
-            let mut conn = redis::Client::open(url.as_str())?
-                .get_multiplexed_async_connection()
-                .await?;
-            redis::cmd("INFO").arg("all").query_async(&mut conn).await
-        }
-        .await;
-        let Ok(info) = info else { continue };
+        let Some(info) = info_all(url).await else {
+            continue;
+        };
         for line in info.lines() {
             if let Some(v) = line.strip_prefix("total_commands_processed:") {
                 total += v.trim().parse::<u64>().unwrap_or(0);
