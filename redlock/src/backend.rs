@@ -48,6 +48,18 @@ pub(crate) enum Reply {
     No,
 }
 
+impl Reply {
+    /// The answer of a script or command that counts what it did (keys extended or deleted):
+    /// `Yes` when it did anything.
+    pub(crate) fn counted(n: i64) -> Self {
+        if n > 0 {
+            Reply::Yes { claim: None }
+        } else {
+            Reply::No
+        }
+    }
+}
+
 /// What a batched renewal found for one lock on one node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Renewed {

@@ -342,11 +342,12 @@ impl RedisNode {
                     ttl_ms,
                     rearm,
                 } => {
-                    let kind = match (stamped, keys.len(), rearm, &self.keys.quarantine) {
-                        (true, ..) => "A",
-                        // A fresh random token cannot be on the node yet: plain SET NX PX.
-                        (false, 1, false, None) => "S",
-                        _ => "U",
+                    let kind = if *stamped {
+                        "A"
+                    } else if self.plain_set_nx(false, keys.len(), *rearm) {
+                        "S"
+                    } else {
+                        "U"
                     };
                     cmd.arg(kind)
                         .arg(keys.len())
@@ -415,8 +416,7 @@ impl RedisNode {
             .map(|(op, answer)| match answer {
                 redis::Value::Int(n) => match **op {
                     Op::Acquire { stamped, .. } => self.acquired(live, stamped, n),
-                    _ if n > 0 => Ok(Reply::Yes { claim: None }),
-                    _ => Ok(Reply::No),
+                    _ => Ok(Reply::counted(n)),
                 },
                 redis::Value::BulkString(bytes) => {
                     let text = String::from_utf8_lossy(&bytes);

@@ -541,6 +541,13 @@ impl RedisNode {
         }
     }
 
+    /// Whether an acquire can be a plain `SET NX PX`: one key, no stamp, a fresh random token
+    /// (it cannot be on the node yet) and no restart quarantine (whose identity check needs
+    /// the script).
+    fn plain_set_nx(&self, stamped: bool, keys: usize, rearm: bool) -> bool {
+        !stamped && keys == 1 && !rearm && self.keys.quarantine.is_none()
+    }
+
     /// One acquire request on the open connection.
     async fn acquire(
         self: &Arc<Self>,
@@ -551,10 +558,9 @@ impl RedisNode {
         ttl_ms: u64,
         rearm: bool,
     ) -> Result<Reply, NodeError> {
-        quarantine_check(&live)?;
+        // (The restart quarantine was checked when the request was submitted.)
         let t = token.expose();
-        if let ([key], false, false, None) = (keys, stamped, rearm, self.keys.quarantine) {
-            // A fresh random token cannot be on the node yet: plain SET NX PX.
+        if let ([key], true) = (keys, self.plain_set_nx(stamped, keys.len(), rearm)) {
             return self.set_nx(&live, key, t, ttl_ms).await;
         }
         let ttl = ttl_ms.to_string();
@@ -689,11 +695,7 @@ impl RedisNode {
                         rt.spawn(call);
                     }
                 }
-                Ok(if deleted > 0 {
-                    Reply::Yes { claim: None }
-                } else {
-                    Reply::No
-                })
+                Ok(Reply::counted(deleted))
             }
             Op::Extend {
                 keys,
@@ -706,11 +708,7 @@ impl RedisNode {
                 let n: i64 = self
                     .eval(&live, &scripts::EXTEND, &keys, &[t, &ttl], t)
                     .await?;
-                Ok(if n > 0 {
-                    Reply::Yes { claim: None }
-                } else {
-                    Reply::No
-                })
+                Ok(Reply::counted(n))
             }
             Op::Release {
                 keys,
@@ -723,11 +721,7 @@ impl RedisNode {
                 args.push(t);
                 args.extend(channels.iter().map(String::as_str));
                 let n: i64 = self.eval(&live, &scripts::RELEASE, &keys, &args, t).await?;
-                Ok(if n > 0 {
-                    Reply::Yes { claim: None }
-                } else {
-                    Reply::No
-                })
+                Ok(Reply::counted(n))
             }
         }
     }
