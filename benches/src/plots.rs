@@ -38,10 +38,9 @@ fn bars(
         .iter()
         .flat_map(|(_, b)| b.iter().flatten().map(|b| b.0))
         .filter(|v| *v > 0.0);
-    let (lo, hi) = values.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
-    if lo > hi {
+    let Some((lo, hi)) = positive_range(values) else {
         return Ok(());
-    }
+    };
     let root = SVGBackend::new(path, (960, 520)).into_drawing_area();
     root.fill(&WHITE)?;
     let labels = groups.to_vec();
@@ -148,10 +147,9 @@ fn lines(
         .iter()
         .flat_map(|(_, pts)| pts.iter().map(|p| p.1))
         .filter(|v| *v > 0.0);
-    let (lo, hi) = values.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
-    if lo > hi {
+    let Some((lo, hi)) = positive_range(values) else {
         return Ok(());
-    }
+    };
     let root = SVGBackend::new(path, (820, 500)).into_drawing_area();
     root.fill(&WHITE)?;
     let labels = x_labels.to_vec();
@@ -409,4 +407,11 @@ pub(crate) fn write_all(report: &Report, dir: &Path) -> Result<Vec<String>, Benc
         files.push(name);
     }
     Ok(files)
+}
+
+/// The smallest and largest of `values` (already filtered to positive ones); `None` when there
+/// are none, so there is nothing to plot.
+fn positive_range(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
+    let (lo, hi) = values.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    (lo <= hi).then_some((lo, hi))
 }
