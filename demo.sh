@@ -7,4 +7,4 @@ if ! command -v redis-server >/dev/null 2>&1; then
     echo "redis-server not found; installing Debian's package" >&2
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
 fi
-exec cargo run --quiet --release -p redlock --example demo
+exec cargo run --quiet --release -p redlock-quorum --example demo
