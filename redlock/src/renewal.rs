@@ -3,7 +3,7 @@
 //! lost, and fires the lost signal of locks past their validity or max hold.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, btree_map};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
@@ -41,13 +41,90 @@ pub(crate) struct Renewals {
     next_id: AtomicU64,
 }
 
+/// The driver's work per wake is proportional to what is due or ending then, never to the
+/// number of held locks: renewals wait in a heap by due time, and every lock's end (validity
+/// or max hold, whichever is first) is kept in an ordered set, moved when a renewal moves it.
 #[derive(Default)]
 struct RenewState {
-    entries: HashMap<u64, Arc<Held>>,
+    entries: HashMap<u64, Entry>,
+    /// Renewals by due time; an id no longer in `entries` is skipped.
     due: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// Every held lock's end on the monotonic clock, exactly one per entry.
+    ends: BTreeSet<(Instant, u64)>,
+    /// How many held locks renew at each interval: the shortest sets the driver's tick.
+    intervals: BTreeMap<Duration, usize>,
     running: bool,
     /// When the driver will look again by itself; a new lock due later need not wake it.
     next_wake: Option<Instant>,
+}
+
+struct Entry {
+    held: Arc<Held>,
+    /// Where this lock sits in `ends`.
+    end: Instant,
+}
+
+/// When a held lock ends unless renewed: its validity or its max hold, whichever is first.
+fn end_of(held: &Held) -> Instant {
+    held.valid_until().mono().min(held.hold_until)
+}
+
+impl RenewState {
+    fn insert(&mut self, held: Arc<Held>, due: Instant) {
+        let (id, end) = (held.id, end_of(&held));
+        *self.intervals.entry(held.every).or_default() += 1;
+        self.due.push(Reverse((due, id)));
+        self.ends.insert((end, id));
+        self.entries.insert(id, Entry { held, end });
+    }
+
+    fn remove(&mut self, id: u64) {
+        let Some(entry) = self.entries.remove(&id) else {
+            return;
+        };
+        self.ends.remove(&(entry.end, id));
+        if let btree_map::Entry::Occupied(mut count) = self.intervals.entry(entry.held.every) {
+            *count.get_mut() -= 1;
+            if *count.get() == 0 {
+                count.remove();
+            }
+        }
+    }
+
+    /// Moves a renewed lock's end to `end`.
+    fn set_end(&mut self, id: u64, end: Instant) {
+        if let Some(entry) = self.entries.get_mut(&id)
+            && entry.end != end
+        {
+            self.ends.remove(&(entry.end, id));
+            self.ends.insert((end, id));
+            entry.end = end;
+        }
+    }
+
+    /// Fires the lost signal of `id` if it is past its validity or max hold, and forgets it
+    /// if it is lost, released or dropped; otherwise puts its end where it now is.
+    fn check(&mut self, id: u64, now: Instant, boot: Option<Duration>) {
+        let Some(entry) = self.entries.get(&id) else {
+            return;
+        };
+        let held = &entry.held;
+        let reason = if held.is_done() || held.lost.is_cancelled() {
+            None
+        } else if now >= held.hold_until {
+            Some(LostReason::MaxHold)
+        } else if held.valid_until().remaining_at(now, boot).is_zero() {
+            Some(LostReason::Expired)
+        } else {
+            let end = end_of(held);
+            self.set_end(id, end);
+            return;
+        };
+        if let Some(reason) = reason {
+            held.fire(reason);
+        }
+        self.remove(id);
+    }
 }
 
 impl Renewals {
@@ -56,9 +133,24 @@ impl Renewals {
     }
 
     fn remove(&self, id: u64) {
-        self.lock().entries.remove(&id);
+        self.lock().remove(id);
     }
 }
+
+/// Whether the boot clock ran ahead of the monotonic one between two readings: the machine was
+/// suspended, and a lock may have run out on the boot clock before its monotonic end.
+fn suspended(before: (Instant, Option<Duration>), now: (Instant, Option<Duration>)) -> bool {
+    match (before.1, now.1) {
+        (Some(b0), Some(b1)) => {
+            b1.saturating_sub(b0) > now.0.saturating_duration_since(before.0) + SUSPEND_SLACK
+        }
+        _ => false,
+    }
+}
+
+/// How far the boot clock may run ahead of the monotonic one between two readings before the
+/// driver counts it as a suspend (the two are read a few nanoseconds apart).
+const SUSPEND_SLACK: Duration = Duration::from_millis(2);
 
 /// How often a lock of `ttl` is renewed, and the driver's tick for it.
 fn cadence(ttl: Duration, renew_every: Option<Duration>) -> (Duration, Duration) {
@@ -121,8 +213,7 @@ impl<B: Backend> Renewer<B> {
         });
         let (start, wake) = {
             let mut st = self.renewals.lock();
-            st.entries.insert(held.id, Arc::clone(&held));
-            st.due.push(Reverse((due, held.id)));
+            st.insert(Arc::clone(&held), due);
             // Waking the driver costs a pass over every held lock: only when it would otherwise
             // look too late (a burst of 20,000 guards made that quadratic).
             let wake = st.next_wake.is_none_or(|w| due < w);
@@ -150,46 +241,38 @@ impl<B: Backend> Renewer<B> {
     }
 }
 
-/// The renewal driver: one per client while it has guarded locks. Each tick it fires the lost
-/// signal of locks past their validity or max hold, and renews every lock due within the next
-/// tick in one batched call per node (in a spawned task, so a slow node cannot delay the
-/// expiry checks).
+/// The renewal driver: one per client while it has guarded locks. Each wake it fires the lost
+/// signal of locks past their validity or max hold, and renews every lock due within the
+/// current tick, in calls of at most [`BATCH_CHUNK`] locks per node sent together (in a spawned
+/// task, so a slow node cannot delay the expiry checks). A wake costs what is due or ending,
+/// not a pass over every held lock.
 async fn drive<B: Backend>(renewer: Weak<Renewer<B>>, mut running: DriverRunning) {
     let epoch = Instant::now();
+    let mut last = Deadline::clocks();
     loop {
         let Some(renewer) = renewer.upgrade() else {
             running.stop();
             return;
         };
-        // One reading of the clocks for every lock: the driver checks all of them per wake.
+        // One reading of the clocks for every lock checked in this wake.
         let (now, boot) = Deadline::clocks();
         let mut due = Vec::new();
         let wake_at = {
             let mut st = renewer.renewals.lock();
-            let mut wake_at = None::<Instant>;
-            let mut shortest = None::<Duration>;
-            st.entries.retain(|_, held| {
-                if held.is_done() {
-                    return false;
+            if suspended(last, (now, boot)) {
+                // Rare: check every lock on both clocks.
+                let ids: Vec<u64> = st.entries.keys().copied().collect();
+                for id in ids {
+                    st.check(id, now, boot);
                 }
-                if now >= held.hold_until {
-                    held.fire(LostReason::MaxHold);
-                    return false;
+            }
+            while let Some(&(end, id)) = st.ends.first() {
+                if end > now {
+                    break;
                 }
-                if held.lost.is_cancelled() {
-                    return false;
-                }
-                let valid_until = held.valid_until();
-                if valid_until.remaining_at(now, boot).is_zero() {
-                    held.fire(LostReason::Expired);
-                    return false;
-                }
-                let soonest = valid_until.mono().min(held.hold_until);
-                wake_at = Some(wake_at.map_or(soonest, |w| w.min(soonest)));
-                shortest = Some(shortest.map_or(held.every, |s| s.min(held.every)));
-                true
-            });
-            let Some(shortest) = shortest else {
+                st.check(id, now, boot);
+            }
+            let Some(&shortest) = st.intervals.keys().next() else {
                 st.due.clear();
                 st.running = false;
                 st.next_wake = None;
@@ -199,7 +282,8 @@ async fn drive<B: Backend>(renewer: Weak<Renewer<B>>, mut running: DriverRunning
             };
             // Renewals run on tick boundaries only, each taking everything due before the tick
             // ends (renewing up to one tick early, never late): however often the driver wakes,
-            // a node sees one batch per tick. The tick follows the shortest renewal interval.
+            // a node sees one round of calls per tick. The tick follows the shortest renewal
+            // interval.
             let tick = tick(shortest);
             let ticks = (now - epoch).as_nanos() / tick.as_nanos().max(1) + 1;
             // In nanoseconds: a `u32` count of 5 ms ticks would run out after 248 days.
@@ -212,14 +296,21 @@ async fn drive<B: Backend>(renewer: Weak<Renewer<B>>, mut running: DriverRunning
                     break;
                 }
                 st.due.pop();
-                if let Some(held) = st.entries.get(&id) {
-                    due.push(Arc::clone(held));
+                if let Some(entry) = st.entries.get(&id)
+                    && !entry.held.is_done()
+                    && !entry.held.lost.is_cancelled()
+                {
+                    due.push(Arc::clone(&entry.held));
                 }
             }
-            let wake = wake_at.map_or(tick_end, |w| w.min(tick_end));
+            let wake = st
+                .ends
+                .first()
+                .map_or(tick_end, |&(end, _)| end.min(tick_end));
             st.next_wake = Some(wake);
             wake
         };
+        last = (now, boot);
         if !due.is_empty() {
             let r = Arc::clone(&renewer);
             tokio::spawn(async move { r.renew(due).await });
@@ -268,14 +359,20 @@ type BatchAnswer = Result<Result<Vec<Renewed>, NodeError>, tokio::time::error::E
 impl<B: Backend> Renewer<B> {
     /// Renews `locks` in batches of one call per node, each decided at quorum like an `extend`,
     /// and reschedules, retries or fires each lock.
+    ///
+    /// The calls of one round go out together, each in its turn on the node's connection: over
+    /// a slow link a round costs one round trip, not one per call.
     async fn renew(self: Arc<Self>, locks: Vec<Arc<Held>>) {
-        for chunk in locks.chunks(BATCH_CHUNK) {
-            self.renew_batch(chunk).await;
-        }
+        let started = Instant::now();
+        let rounds = locks
+            .chunks(BATCH_CHUNK)
+            .enumerate()
+            .map(|(k, chunk)| self.renew_batch(chunk, k * BATCH_CHUNK, started));
+        futures_util::future::join_all(rounds).await;
     }
 
-    async fn renew_batch(&self, chunk: &[Arc<Held>]) {
-        let started = Instant::now();
+    /// Renews `chunk`, sent at `started` behind `ahead` locks of the same round.
+    async fn renew_batch(&self, chunk: &[Arc<Held>], ahead: usize, started: Instant) {
         let batch = Arc::new(Batch {
             locks: chunk
                 .iter()
@@ -291,11 +388,13 @@ impl<B: Backend> Renewer<B> {
         let Some(shortest_ttl) = chunk.iter().map(|h| h.ttl).min() else {
             return;
         };
-        // A batch is one script doing work for every lock in it: allow it more than one
-        // request's node timeout (a tight bound turned a busy moment into lost locks), but
-        // never a quarter of the shortest TTL. A node still being connected gets no more, and
-        // the batch is decided at quorum: a hung or connecting minority is not waited for.
-        let per_lock = Duration::from_micros(20) * u32::try_from(chunk.len()).unwrap_or(u32::MAX);
+        // A batch is one script doing work for every lock in it, run after the calls sent
+        // ahead of it in the same round: allow it more than one request's node timeout (a
+        // tight bound turned a busy moment into lost locks), but never a quarter of the
+        // shortest TTL. A node still being connected gets no more, and the batch is decided at
+        // quorum: a hung or connecting minority is not waited for.
+        let per_lock =
+            Duration::from_micros(20) * u32::try_from(ahead + chunk.len()).unwrap_or(u32::MAX);
         let node_timeout = self.config.node_timeout;
         let mut calls: FuturesUnordered<_> = (0..n)
             .map(|i| {
@@ -372,7 +471,8 @@ impl<B: Backend> Renewer<B> {
                         .valid_until
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner) = deadline;
-                    rescheduled.push((due_at(&deadline, held.ttl, held.every, now), held.id));
+                    let due = due_at(&deadline, held.ttl, held.every, now);
+                    rescheduled.push((due, held.id, Some(deadline.mono().min(held.hold_until))));
                     self.repair(held, &missing[j]);
                 }
                 // The key is held by another token on too many nodes: definitely lost.
@@ -385,18 +485,26 @@ impl<B: Backend> Renewer<B> {
                 Err(error) => {
                     let left = held.valid_until().remaining();
                     tracing::debug!(token = %held.token, %error, ?left, "renewal failed; retrying within the validity");
-                    rescheduled.push((now + retry_gap(held.every, left), held.id));
+                    rescheduled.push((now + retry_gap(held.every, left), held.id, None));
                 }
             }
         }
         let mut st = self.renewals.lock();
-        for (at, id) in rescheduled {
+        let mut sooner = false;
+        for (at, id, end) in rescheduled {
             if st.entries.contains_key(&id) {
                 st.due.push(Reverse((at, id)));
+                sooner |= st.next_wake.is_none_or(|w| at < w);
+                if let Some(end) = end {
+                    st.set_end(id, end);
+                }
             }
         }
         drop(st);
-        self.renewals.wake.notify_one();
+        // Only a retry due before the driver's next look needs to wake it.
+        if sooner {
+            self.renewals.wake.notify_one();
+        }
     }
 
     /// Puts back the keys of a lock that nodes lost (found missing by a renewal that reached

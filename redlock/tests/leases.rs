@@ -286,6 +286,55 @@ async fn five_thousand_held_locks_renew_in_batches() {
     assert!(no_lock_keys_within(&cluster, Duration::from_secs(3)).await);
 }
 
+/// Many held locks over a slow network: the renewal of one tick is split into calls of at most
+/// 1,000 locks, and those calls must not wait for one another. Here 6,000 locks are due together
+/// and a round trip takes 400 ms: one call after the other is 2.4 s, more than the 1.33 s of
+/// validity a lock has left when it is due (TTL 2 s, renewed every 667 ms), so the last calls'
+/// locks would expire between renewals; sent together, a tick takes about one round trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_calls_of_one_tick_do_not_wait_for_one_another() {
+    let cluster = Cluster::builder()
+        .nodes(3)
+        .proxied(true)
+        .start()
+        .await
+        .unwrap();
+    let rl = Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(2))
+        .node_timeout(Duration::from_millis(600))
+        .build()
+        .unwrap();
+    rl.connect().await;
+    let mut guards = Vec::new();
+    for chunk in (0..6000).collect::<Vec<_>>().chunks(500) {
+        let locks = futures_util::future::join_all(
+            chunk
+                .iter()
+                .map(|i| rl.try_acquire_many([format!("slow:{i}")])),
+        )
+        .await;
+        for l in locks {
+            guards.push(rl.guard(l.unwrap()).unwrap());
+        }
+    }
+    for node in cluster.nodes() {
+        let proxy = node.proxy().expect("proxied");
+        proxy.set_delay(Duration::from_millis(200), Duration::ZERO);
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let lost = guards.iter().filter(|g| g.is_lost()).count();
+    for node in cluster.nodes() {
+        let proxy = node.proxy().expect("proxied");
+        proxy.set_delay(Duration::ZERO, Duration::ZERO);
+    }
+    assert_eq!(
+        lost, 0,
+        "{lost} of 6000 held locks were lost over a 400 ms round trip"
+    );
+    futures_util::future::join_all(guards.into_iter().map(|g| g.release())).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_contenders_on_one_key_all_make_progress() {
     let cluster = Cluster::start(5).await.unwrap();

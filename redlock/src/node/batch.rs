@@ -33,28 +33,22 @@ pub(super) const MAX_BATCH: usize = 128;
 type Answer<T> = oneshot::Sender<Result<T, NodeError>>;
 
 /// A request waiting in the outbox, with where its answer goes.
-enum Queued {
-    Op(Arc<Op>, Answer<Reply>),
-    Renewal(Arc<Batch>, Answer<Vec<Renewed>>),
+struct Queued {
+    op: Arc<Op>,
+    answer: Answer<Reply>,
 }
 
 impl Queued {
     /// Nobody waits for the answer any more (its phase gave up on the node), and leaving it
     /// unsent changes nothing anyone relies on: an acquire not sent grants nothing, an
-    /// extension or renewal not sent leaves the keys as they are. Releases are always sent —
-    /// a cleanup nobody waits for still deletes a grant.
+    /// extension not sent leaves the keys as they are. Releases are always sent — a cleanup
+    /// nobody waits for still deletes a grant.
     fn abandoned(&self) -> bool {
-        match self {
-            Queued::Op(op, tx) => tx.is_closed() && !matches!(**op, Op::Release { .. }),
-            Queued::Renewal(_, tx) => tx.is_closed(),
-        }
+        self.answer.is_closed() && !matches!(*self.op, Op::Release { .. })
     }
 
     fn fail(self, e: NodeError) {
-        match self {
-            Queued::Op(_, tx) => drop(tx.send(Err(e))),
-            Queued::Renewal(_, tx) => drop(tx.send(Err(e))),
-        }
+        drop(self.answer.send(Err(e)));
     }
 }
 
@@ -116,35 +110,6 @@ impl RedisNode {
         {
             return future::ready(Err(e)).boxed();
         }
-        let queued = Arc::clone(&op);
-        self.enqueue(
-            live,
-            move |node, live| async move { node.request(live, &op).await }.boxed(),
-            move |tx| Queued::Op(queued, tx),
-        )
-    }
-
-    /// Sends a batched renewal on `live`, in its turn like any request (never combined with
-    /// others: it is one script call already).
-    pub(super) fn submit_renewal(
-        self: &Arc<Self>,
-        live: Live,
-        batch: Arc<Batch>,
-    ) -> BoxFuture<'static, Result<Vec<Renewed>, NodeError>> {
-        let queued = Arc::clone(&batch);
-        self.enqueue(
-            live,
-            move |node, live| async move { node.extend_many_on(live, &batch).await }.boxed(),
-            move |tx| Queued::Renewal(queued, tx),
-        )
-    }
-
-    fn enqueue<T: Send + 'static>(
-        self: &Arc<Self>,
-        live: Live,
-        direct: impl FnOnce(Arc<Self>, Live) -> BoxFuture<'static, Result<T, NodeError>>,
-        queued: impl FnOnce(Answer<T>) -> Queued,
-    ) -> BoxFuture<'static, Result<T, NodeError>> {
         let mut state = lock(&live.outbox.0);
         if state.queue.is_empty() && state.in_flight < MAX_IN_FLIGHT {
             state.in_flight += 1;
@@ -153,9 +118,9 @@ impl RedisNode {
                 node: Arc::clone(self),
                 live: live.clone(),
             };
-            let call = direct(Arc::clone(self), live);
+            let node = Arc::clone(self);
             return async move {
-                let answer = call.await;
+                let answer = node.request(live, &op).await;
                 drop(place);
                 answer
             }
@@ -169,8 +134,24 @@ impl RedisNode {
             .boxed();
         }
         let (tx, rx) = oneshot::channel();
-        state.queue.push_back(queued(tx));
+        state.queue.push_back(Queued { op, answer: tx });
         async move { rx.await.unwrap_or_else(|_| Err(gone())) }.boxed()
+    }
+
+    /// Sends a batched renewal on `live` at once, without waiting in the outbox or taking an
+    /// in-flight place. It is one script call for many locks already; the calls of one
+    /// renewal round must not queue behind one another (over a 400 ms link, two places let a
+    /// round of six calls take two round trips and run past its budget); and its order against
+    /// other requests changes nothing: an extension is owner-checked, so one that overtakes a
+    /// release finds the key still ours, and one that follows it finds the key gone. (Putting
+    /// back a key a node lost is a request, and keeps its turn.)
+    pub(super) fn submit_renewal(
+        self: &Arc<Self>,
+        live: Live,
+        batch: Arc<Batch>,
+    ) -> BoxFuture<'static, Result<Vec<Renewed>, NodeError>> {
+        let node = Arc::clone(self);
+        async move { node.extend_many_on(live, &batch).await }.boxed()
     }
 
     /// A place on `live` came free: sends what waited, as many batches as there are free
@@ -207,7 +188,7 @@ impl RedisNode {
                     break;
                 }
                 state.in_flight += 1;
-                sent.push(self.send_all(live, items));
+                sent.push(self.send_ops(live, items));
             }
         }
         for batch in sent {
@@ -226,46 +207,15 @@ impl RedisNode {
         }
     }
 
-    /// Hands `items` to the connection, in order: consecutive requests as one batch-script
-    /// call (a lone one as its own command), renewals as their own calls. The returned future
-    /// delivers every answer.
-    fn send_all(self: &Arc<Self>, live: &Live, items: Vec<Queued>) -> BoxFuture<'static, ()> {
-        let mut parts: Vec<BoxFuture<'static, ()>> = Vec::new();
-        let mut ops: Vec<(Arc<Op>, Answer<Reply>)> = Vec::new();
-        for item in items {
-            match item {
-                Queued::Op(op, tx) => ops.push((op, tx)),
-                Queued::Renewal(batch, tx) => {
-                    if !ops.is_empty() {
-                        parts.push(self.send_ops(live, std::mem::take(&mut ops)));
-                    }
-                    let (node, live) = (Arc::clone(self), live.clone());
-                    let call = engine::handed_over(
-                        async move { node.extend_many_on(live, &batch).await }.boxed(),
-                    );
-                    parts.push(async move { drop(tx.send(call.await)) }.boxed());
-                }
-            }
-        }
-        if !ops.is_empty() {
-            parts.push(self.send_ops(live, ops));
-        }
-        future::join_all(parts).map(drop).boxed()
-    }
-
-    fn send_ops(
-        self: &Arc<Self>,
-        live: &Live,
-        mut ops: Vec<(Arc<Op>, Answer<Reply>)>,
-    ) -> BoxFuture<'static, ()> {
+    fn send_ops(self: &Arc<Self>, live: &Live, mut ops: Vec<Queued>) -> BoxFuture<'static, ()> {
         let (node, live) = (Arc::clone(self), live.clone());
         if ops.len() == 1
-            && let Some((op, tx)) = ops.pop()
+            && let Some(Queued { op, answer }) = ops.pop()
         {
             let call = engine::handed_over(async move { node.request(live, &op).await }.boxed());
-            return async move { drop(tx.send(call.await)) }.boxed();
+            return async move { drop(answer.send(call.await)) }.boxed();
         }
-        let (ops, txs): (Vec<_>, Vec<_>) = ops.into_iter().unzip();
+        let (ops, txs): (Vec<_>, Vec<_>) = ops.into_iter().map(|q| (q.op, q.answer)).unzip();
         let call = engine::handed_over(async move { node.batch(live, &ops).await }.boxed());
         async move {
             for (tx, answer) in txs.into_iter().zip(call.await) {
