@@ -25,12 +25,23 @@ use crate::lock::{self, Deadline, Lock};
 /// Locks per batched renewal call; keeps one script call on a node short (~1–2 ms).
 const BATCH_CHUNK: usize = 1000;
 
+/// Locks a client's renewal calls may have in flight at once (each call goes to every node).
+/// Many, so that over a slow link the calls of a round do not wait for one another (6,000 locks
+/// at a 400 ms round trip, renewed every 667 ms, need them all in flight together); not too
+/// many, so that a node works through at most this much renewal work (about 10 ms) before it
+/// gets to an acquire that arrived meanwhile — 100,000 locks sent at once held every node long
+/// enough that acquires timed out.
+const RENEWAL_WINDOW: usize = 8 * BATCH_CHUNK;
+
 /// What the renewal driver works with: the client's nodes and settings, and the book of its
 /// guarded locks. Held by the client; the driver holds it weakly and ends with the client.
 pub(crate) struct Renewer<B> {
     backend: Arc<B>,
     config: Config,
     renewals: Arc<Renewals>,
+    /// [`RENEWAL_WINDOW`] places for locks in renewal calls, shared by every round (fair: first
+    /// come, first served).
+    window: tokio::sync::Semaphore,
 }
 
 /// Book-keeping of the renewal driver: every guarded lock, and when each is next due.
@@ -187,6 +198,7 @@ impl<B: Backend> Renewer<B> {
             backend,
             config,
             renewals: Arc::default(),
+            window: tokio::sync::Semaphore::new(RENEWAL_WINDOW),
         }
     }
 
@@ -360,19 +372,23 @@ impl<B: Backend> Renewer<B> {
     /// Renews `locks` in batches of one call per node, each decided at quorum like an `extend`,
     /// and reschedules, retries or fires each lock.
     ///
-    /// The calls of one round go out together, each in its turn on the node's connection: over
-    /// a slow link a round costs one round trip, not one per call.
+    /// The calls go out together, as long as no more than [`RENEWAL_WINDOW`] locks are in
+    /// flight (counting other rounds still going): over a slow link a round of many calls costs
+    /// about one round trip, not one per call.
     async fn renew(self: Arc<Self>, locks: Vec<Arc<Held>>) {
-        let started = Instant::now();
-        let rounds = locks
-            .chunks(BATCH_CHUNK)
-            .enumerate()
-            .map(|(k, chunk)| self.renew_batch(chunk, k * BATCH_CHUNK, started));
-        futures_util::future::join_all(rounds).await;
+        let calls = locks.chunks(BATCH_CHUNK).map(|chunk| async {
+            let places = u32::try_from(chunk.len()).unwrap_or(u32::MAX);
+            // Never closed: the semaphore lives as long as `self`.
+            let Ok(_places) = self.window.acquire_many(places).await else {
+                return;
+            };
+            self.renew_batch(chunk).await;
+        });
+        futures_util::future::join_all(calls).await;
     }
 
-    /// Renews `chunk`, sent at `started` behind `ahead` locks of the same round.
-    async fn renew_batch(&self, chunk: &[Arc<Held>], ahead: usize, started: Instant) {
+    async fn renew_batch(&self, chunk: &[Arc<Held>]) {
+        let started = Instant::now();
         let batch = Arc::new(Batch {
             locks: chunk
                 .iter()
@@ -388,13 +404,13 @@ impl<B: Backend> Renewer<B> {
         let Some(shortest_ttl) = chunk.iter().map(|h| h.ttl).min() else {
             return;
         };
-        // A batch is one script doing work for every lock in it, run after the calls sent
-        // ahead of it in the same round: allow it more than one request's node timeout (a
-        // tight bound turned a busy moment into lost locks), but never a quarter of the
-        // shortest TTL. A node still being connected gets no more, and the batch is decided at
-        // quorum: a hung or connecting minority is not waited for.
+        // A batch is one script doing work for every lock in it, and may run after the rest of
+        // the window: allow it more than one request's node timeout (a tight bound
+        // turned a busy moment into lost locks), but never a quarter of the shortest TTL. A
+        // node still being connected gets no more, and the batch is decided at quorum: a hung
+        // or connecting minority is not waited for.
         let per_lock =
-            Duration::from_micros(20) * u32::try_from(ahead + chunk.len()).unwrap_or(u32::MAX);
+            Duration::from_micros(20) * u32::try_from(RENEWAL_WINDOW).unwrap_or(u32::MAX);
         let node_timeout = self.config.node_timeout;
         let mut calls: FuturesUnordered<_> = (0..n)
             .map(|i| {
