@@ -3,6 +3,7 @@
 //! tests can run it on fakes.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -21,6 +22,16 @@ use crate::waiters::{Interest, Waiters};
 
 /// A shared, immutable list of resource names or keys.
 type Names = Arc<[String]>;
+
+/// The terms one lock is taken on: the TTL the nodes get (`PX`), from which validity is
+/// computed and which renewals re-arm, and the validity every phase of the lock must leave.
+/// The client's configuration gives the defaults; a [`LockRequest`](crate::LockRequest) may
+/// set its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Terms {
+    pub(crate) ttl: Duration,
+    pub(crate) min_validity: Duration,
+}
 
 /// The protocol, generic over its nodes so the algorithm tests can run it on fakes.
 pub(crate) struct Core<B> {
@@ -61,6 +72,14 @@ impl<B: Backend> Core<B> {
             .iter()
             .map(|r| format!("{}{r}", self.channel_prefix))
             .collect()
+    }
+
+    /// The client's default terms.
+    pub(crate) fn terms(&self) -> Terms {
+        Terms {
+            ttl: self.config.ttl,
+            min_validity: self.config.min_validity,
+        }
     }
 
     pub(crate) fn quorum(&self) -> usize {
@@ -164,9 +183,10 @@ impl<B: Backend> Core<B> {
         keys: &Arc<[String]>,
         token: Token,
         rearm: bool,
+        terms: Terms,
     ) -> Result<Lock, Error> {
         self.usable()?;
-        let ttl = self.config.ttl;
+        let ttl = terms.ttl;
         let started = Instant::now();
         let op = Arc::new(Op::Acquire {
             stamped: self.config.claim_stamps,
@@ -199,11 +219,10 @@ impl<B: Backend> Core<B> {
             return Err(e);
         }
         // Validity counts from before the first request: TTL − elapsed − drift.
-        let valid_for = match Judge::new(PhaseName::Acquire, ttl, &self.config).judge(
-            &d,
-            &*self.backend,
-            started.elapsed(),
-        ) {
+        let valid_for = match Judge::new(PhaseName::Acquire, ttl, &self.config)
+            .min_validity(terms.min_validity)
+            .judge(&d, &*self.backend, started.elapsed())
+        {
             Ok(valid_for) => valid_for,
             Err(e) => {
                 phase.abandon();
@@ -218,6 +237,7 @@ impl<B: Backend> Core<B> {
             keys: Arc::clone(keys),
             token,
             ttl,
+            min_validity: terms.min_validity,
             valid_until: Deadline::after(started, valid_for),
             claims,
             granted: Some(granted),
@@ -226,12 +246,25 @@ impl<B: Backend> Core<B> {
         })
     }
 
-    /// Attempts per `policy`, a fresh token each time unless `token` is given.
+    /// Attempts per `policy` on the client's default terms, a fresh token each time unless
+    /// `token` is given.
     pub(crate) async fn acquire(
         &self,
         resources: Vec<String>,
         policy: &RetryPolicy,
         token: Option<&Token>,
+    ) -> Result<Lock, Error> {
+        self.acquire_on(resources, policy, token, self.terms())
+            .await
+    }
+
+    /// Attempts per `policy` on `terms`, a fresh token each time unless `token` is given.
+    pub(crate) async fn acquire_on(
+        &self,
+        resources: Vec<String>,
+        policy: &RetryPolicy,
+        token: Option<&Token>,
+        terms: Terms,
     ) -> Result<Lock, Error> {
         let (resources, keys) = self.keys(resources)?;
         let span = tracing::debug_span!("redlock.acquire", resources = ?&*resources, nodes = self.backend.len());
@@ -271,7 +304,7 @@ impl<B: Backend> Core<B> {
                     n.as_mut().enable();
                 }
                 let attempt_started = Instant::now();
-                let result = self.attempt(&resources, &keys, token, fixed).await;
+                let result = self.attempt(&resources, &keys, token, fixed, terms).await;
                 let round_trip = attempt_started.elapsed();
                 let err = match result {
                     Ok(lock) => {
@@ -359,6 +392,7 @@ impl<B: Backend> Core<B> {
             let d = phase.decided().await;
             // The new validity counts from the extension's start, never from the old deadline.
             let valid_for = Judge::new(PhaseName::Extend, ttl, &self.config)
+                .min_validity(lock.min_validity)
                 .judge(&d, &*self.backend, started.elapsed())
                 .inspect_err(|_| {
                     let refused = d.count(|o| matches!(o, NodeOutcome::Refused));

@@ -20,6 +20,8 @@ pub(crate) struct Held {
     pub(crate) keys: Arc<[String]>,
     pub(crate) token: Token,
     pub(crate) ttl: Duration,
+    /// The validity every renewal must leave (the lock's own).
+    pub(crate) min_validity: Duration,
     /// The client instance that took the lock.
     pub(crate) taker: u64,
     /// How often this lock is renewed (from its own TTL).
@@ -140,6 +142,11 @@ impl Lease {
     /// The claim stamps of the grant.
     pub fn claims(&self) -> &[Claim] {
         &self.held.claims
+    }
+
+    /// The lock's TTL: what every node was given, and what every renewal re-arms.
+    pub fn ttl(&self) -> Duration {
+        self.held.ttl
     }
 }
 

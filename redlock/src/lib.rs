@@ -17,6 +17,7 @@ mod node;
 mod nodes;
 mod pubsub;
 mod renewal;
+mod request;
 mod scripts;
 #[cfg(feature = "simulation")]
 pub mod sim;
@@ -39,4 +40,5 @@ pub use error::{
 };
 pub use lease::{Lease, LockGuard};
 pub use lock::{Lock, ReleaseReport};
+pub use request::LockRequest;
 pub use token::{TOKEN_BYTES, Token};

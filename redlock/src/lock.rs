@@ -139,6 +139,8 @@ pub struct Lock {
     pub(crate) keys: Arc<[String]>,
     pub(crate) token: Token,
     pub(crate) ttl: Duration,
+    /// The validity every phase of this lock must leave (its request's, or the client's).
+    pub(crate) min_validity: Duration,
     pub(crate) valid_until: Deadline,
     pub(crate) claims: Vec<Claim>,
     /// Every grant's claim, those that arrived after the quorum decision included.

@@ -110,6 +110,7 @@ impl<B: Backend> Renewer<B> {
             keys: lock.keys,
             token: lock.token,
             ttl: lock.ttl,
+            min_validity: lock.min_validity,
             taker: lock.taker,
             every,
             claims: lock.claims,
@@ -357,11 +358,9 @@ impl<B: Backend> Renewer<B> {
                 needed: quorum,
             };
             // The lock's own TTL: the one this batch sent the nodes.
-            let result = Judge::new(Phase::Extend, held.ttl, &self.config).judge(
-                &decision,
-                &*self.backend,
-                elapsed,
-            );
+            let result = Judge::new(Phase::Extend, held.ttl, &self.config)
+                .min_validity(held.min_validity)
+                .judge(&decision, &*self.backend, elapsed);
             if held.is_done() || held.lost.is_cancelled() {
                 continue;
             }
