@@ -302,6 +302,32 @@ impl Redlock {
         self.lock(resource).with_lock(work).await
     }
 
+    /// Waits until `resource` is not held — no quorum of nodes has a key for it — without
+    /// taking it. Returns at once when it is free now. For single-flight work such as a cache
+    /// rebuild: one task takes the lock and rebuilds; the others wait here for it instead of
+    /// each taking the lock in turn, then read what it built.
+    ///
+    /// It reads the keys' remaining TTLs (`PTTL`; an ACL user needs `+pttl`) and never
+    /// creates, changes or deletes a key. After the first check it subscribes to the
+    /// resource's release notifications (as waiting acquirers do) and checks again on each one,
+    /// and also when the holders' keys would expire if not renewed, and at least every second:
+    /// a notification that is lost costs at most that, never the whole timeout.
+    ///
+    /// "Not held" is a moment, not a promise: another client may take the lock right after.
+    /// On simulated nodes (`build_simulated`) the keys cannot be read, and it waits out the
+    /// timeout.
+    ///
+    /// # Errors
+    /// [`Error::WaitTimedOut`] when the resource was still held (or too few nodes answered
+    /// to tell) after `timeout`; [`Error::InvalidResource`] for a bad name; [`Error::Config`]
+    /// for a client found misconfigured on connecting.
+    ///
+    /// # Cancel safety
+    /// Safe: it only reads and listens.
+    pub async fn wait_released(&self, resource: &str, timeout: Duration) -> Result<(), Error> {
+        self.core.wait_released(resource, timeout).await
+    }
+
     /// Opens the connection to every node now instead of on first use, waiting up to the
     /// connect timeout. Returns each node's result (`Granted` = connected). Requests never wait
     /// for a connection longer than their node timeout (the opening goes on in the

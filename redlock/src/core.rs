@@ -33,6 +33,23 @@ pub(crate) struct Terms {
     pub(crate) min_validity: Duration,
 }
 
+/// Longest time `wait_released` goes without probing the nodes: it bounds what a lost release
+/// notification costs.
+pub(crate) const RECHECK: Duration = Duration::from_secs(1);
+
+/// What a probe of the nodes found about one key.
+enum Probe {
+    /// No quorum can hold it.
+    Free,
+    /// It may be held: `held` nodes have the key, `unknown` did not answer; `free_at` is when
+    /// enough of the keys expire that no quorum holds it, unless they are renewed.
+    Held {
+        held: usize,
+        unknown: usize,
+        free_at: Option<Instant>,
+    },
+}
+
 /// The protocol, generic over its nodes so the algorithm tests can run it on fakes.
 pub(crate) struct Core<B> {
     pub(crate) config: Config,
@@ -468,6 +485,105 @@ impl<B: Backend> Core<B> {
         }
         .instrument(span)
         .await
+    }
+
+    /// Whether `key` is free now: enough nodes confirmed they have no such key that no quorum
+    /// can hold it (N − quorum + 1, decided as soon as they answered). Otherwise, how many
+    /// nodes held it, how many did not answer, and when (on the monotonic clock) it would be
+    /// free if nobody renews it. Reads only.
+    async fn probe(&self, key: &Arc<str>) -> Probe {
+        let n = self.backend.len();
+        let needed = engine::needed(Goal::NoQuorumLeft, n);
+        let mut calls: futures_util::stream::FuturesUnordered<_> = (0..n)
+            .map(|i| {
+                let call = self.backend.expiry(i, Arc::clone(key));
+                tokio::time::timeout(self.backend.budget(i), call)
+            })
+            .collect();
+        let started = Instant::now();
+        let mut absent = 0;
+        let mut expiries = Vec::new();
+        let mut unknown = 0;
+        while let Some(answer) = futures_util::StreamExt::next(&mut calls).await {
+            match answer {
+                Ok(Ok(None)) => absent += 1,
+                Ok(Ok(Some(left))) => expiries.push(left),
+                Ok(Err(_)) | Err(_) => unknown += 1,
+            }
+            if absent >= needed {
+                return Probe::Free;
+            }
+        }
+        // Free once `needed - absent` of the holding nodes' keys expired, absent renewals.
+        expiries.sort();
+        let free_at = expiries
+            .get(needed - absent - 1)
+            .filter(|left| **left != Duration::MAX)
+            .map(|left| started + *left);
+        Probe::Held {
+            held: expiries.len(),
+            unknown,
+            free_at,
+        }
+    }
+
+    /// Waits until no quorum holds `resource`, without taking it: probes the nodes now, then
+    /// again on every release notification and at the latest [`RECHECK`] later (sooner when
+    /// the holders' keys expire sooner), until `timeout` has passed.
+    pub(crate) async fn wait_released(
+        &self,
+        resource: &str,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        let (resources, keys) = self.keys(vec![resource.to_owned()])?;
+        self.usable()?;
+        let key: Arc<str> = Arc::from(keys[0].as_str());
+        let started = Instant::now();
+        let deadline = lock::far_after(started, timeout);
+        let mut interest: Option<Interest> = None;
+        loop {
+            // Listen before probing, so a release between the probe and the wait counts.
+            let notify = interest.as_ref().map(|i| Arc::clone(&i.notify));
+            let mut notified = notify.as_ref().map(|n| Box::pin(n.notified()));
+            if let Some(n) = notified.as_mut() {
+                n.as_mut().enable();
+            }
+            let (held, unknown, free_at) = match self.probe(&key).await {
+                Probe::Free => return Ok(()),
+                Probe::Held {
+                    held,
+                    unknown,
+                    free_at,
+                } => (held, unknown, free_at),
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::WaitTimedOut {
+                    resource: resources[0].clone(),
+                    waited: now - started,
+                    held,
+                    unknown,
+                });
+            }
+            if interest.is_none()
+                && let Some(waiters) = &self.waiters
+            {
+                // Subscribe, then probe again at once: the holder may have left meanwhile.
+                let channel = format!("{}{}", self.channel_prefix, resources[0]);
+                interest = Some(waiters.interest(&channel).await);
+                continue;
+            }
+            let recheck = free_at
+                .map_or(RECHECK, |at| {
+                    at.saturating_duration_since(now) + Duration::from_millis(1)
+                })
+                .min(RECHECK);
+            let until = (now + recheck).min(deadline);
+            crate::det::select! {
+                () = async { if let Some(n) = notified { n.await } else { std::future::pending().await } } => {}
+                () = tokio::time::sleep_until(until) => {}
+            }
+        }
     }
 
     /// Turns a lock into a renewed guard, starting the renewal driver if needed.
