@@ -130,6 +130,15 @@ impl RedlockBuilder {
         self
     }
 
+    /// Turns the max-hold limit off: guards renew until they are released, dropped, or the
+    /// lock is lost (sets [`Config::max_hold`] to `Duration::MAX`). For long-running holders
+    /// such as leader election or a job whose length is not known; a holder that hangs then
+    /// keeps the lock for as long as its process lives, so watch `redlock_leases_held`.
+    pub fn no_max_hold(mut self) -> Self {
+        self.config.max_hold = Duration::MAX;
+        self
+    }
+
     /// Enables the restart quarantine (see [`Config::restart_quarantine`]).
     pub fn restart_quarantine(mut self, quarantine: Duration) -> Self {
         self.config.restart_quarantine = Some(quarantine);

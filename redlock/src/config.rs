@@ -98,6 +98,8 @@ pub struct Config {
     /// is scheduled 0–20 % early at random, so locks taken together spread out. Default: `None`.
     pub renew_every: Option<Duration>,
     /// Longest a guard renews a lock; after that its lost signal fires and renewal stops.
+    /// `Duration::MAX` turns the limit off (the guard renews until it is released or the lock
+    /// is lost; see [`RedlockBuilder::no_max_hold`](crate::RedlockBuilder::no_max_hold)).
     /// Default: [`DEFAULT_MAX_HOLD`].
     pub max_hold: Duration,
     /// When set, a node whose server restarted — or lost its identity record (its data) — less

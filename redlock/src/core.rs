@@ -12,7 +12,7 @@ use crate::backend::{Backend, Op};
 use crate::claim::Claim;
 use crate::config::{Config, MAX_RESOURCES_PER_LOCK, RetryPolicy};
 use crate::engine::{self, Goal, Judge, Phase};
-use crate::error::{Error, NodeOutcome, Phase as PhaseName, ResourceError};
+use crate::error::{Error, LostReason, NodeOutcome, Phase as PhaseName, ResourceError};
 use crate::lease::{Held, LockGuard, Releaser};
 use crate::lock::{self, Deadline, Lock, ReleaseReport};
 use crate::renewal::Renewer;
@@ -594,8 +594,8 @@ impl<B: Backend> Core<B> {
 }
 
 impl<B: Backend> Releaser for Core<B> {
-    fn finish(&self, held: &Arc<Held>) {
-        self.renewer.finish(held);
+    fn finish(&self, held: &Arc<Held>, reason: LostReason) {
+        self.renewer.finish(held, reason);
     }
 
     fn release_held(

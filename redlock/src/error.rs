@@ -444,6 +444,9 @@ pub enum LostReason {
     MaxHold,
     /// The lock was released (or its guard dropped).
     Released,
+    /// Renewal was stopped by [`LockGuard::stop_renewal`](crate::LockGuard::stop_renewal): the
+    /// keys stay on the nodes until their TTL, held by the returned [`Lock`](crate::Lock).
+    RenewalStopped,
 }
 
 impl fmt::Display for LostReason {
@@ -453,6 +456,7 @@ impl fmt::Display for LostReason {
             Self::ExtendFailed(e) => write!(f, "extension failed: {e}"),
             Self::MaxHold => f.write_str("maximum hold time reached"),
             Self::Released => f.write_str("released"),
+            Self::RenewalStopped => f.write_str("renewal stopped; the keys stay until their TTL"),
         }
     }
 }

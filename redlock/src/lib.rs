@@ -38,6 +38,8 @@ pub use error::{
     ConfigError, Error, LostReason, NodeError, NodeErrorKind, NodeOutcome, NodeReport, Phase,
     ResourceError,
 };
+/// The fencing token of a lock ([`Lock::fence`], [`Lease::fence`]), from the `fencing` crate.
+pub use fencing::FenceToken;
 pub use lease::{Lease, LockGuard};
 pub use lock::{Lock, ReleaseReport};
 pub use request::LockRequest;

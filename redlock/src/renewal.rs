@@ -112,6 +112,8 @@ impl<B: Backend> Renewer<B> {
             ttl: lock.ttl,
             min_validity: lock.min_validity,
             taker: lock.taker,
+            origin: lock.origin,
+            granted: lock.granted,
             every,
             claims: lock.claims,
             valid_until: Mutex::new(lock.valid_until),
@@ -143,11 +145,11 @@ impl<B: Backend> Renewer<B> {
         held
     }
 
-    /// Marks the lease done, stops its renewal and fires `Released`.
-    pub(crate) fn finish(&self, held: &Held) {
+    /// Marks the lease done, stops its renewal and fires `reason`.
+    pub(crate) fn finish(&self, held: &Held, reason: LostReason) {
         *held.done.lock().unwrap_or_else(PoisonError::into_inner) = true;
         self.renewals.remove(held.id);
-        held.fire(LostReason::Released);
+        held.fire(reason);
     }
 }
 
