@@ -18,6 +18,10 @@
 //! input (see [`FenceError::is_malformed`]) is never admitted and changes nothing, in every
 //! backend. See `docs/fencing.md` for why this is safe and exactly what it assumes.
 //!
+//! Every backend counts the tokens it refuses in the `metrics` counter
+//! `fencing_rejections_total` (labels `backend` = `memory` | `redis` | `postgres`, `kind` =
+//! `stale` | `unrelated`).
+//!
 //! ```
 //! use fencing::{Admission, FenceError, FenceToken, MemoryFence};
 //!
@@ -39,6 +43,7 @@ mod memory;
 mod pg;
 #[cfg(feature = "redis")]
 mod redis_fence;
+mod telemetry;
 mod token;
 
 pub use error::FenceError;

@@ -289,7 +289,7 @@ impl RedisFence {
             call.arg(v);
         }
         let (code, flat): (i64, Vec<String>) = call.invoke_async(conn).await?;
-        match code {
+        let verdict = match code {
             1 => Ok(Admission::Advanced),
             2 => Ok(Admission::Repeated),
             -1 => Err(FenceError::Stale {
@@ -303,7 +303,8 @@ impl RedisFence {
             other => Err(FenceError::UnexpectedReply {
                 reason: format!("admission script returned code {other}"),
             }),
-        }
+        };
+        verdict.inspect_err(|e| crate::telemetry::rejected("redis", e))
     }
 }
 
