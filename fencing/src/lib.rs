@@ -52,7 +52,7 @@ pub use memory::MemoryFence;
 #[cfg(feature = "postgres")]
 pub use pg::{DEFAULT_PG_TABLE, PgFence, PgSequence};
 #[cfg(feature = "redis")]
-pub use redis_fence::{DEFAULT_REDIS_PREFIX, RedisFence};
+pub use redis_fence::{DEFAULT_REDIS_PREFIX, Expiry, RedisFence};
 pub use token::{
     FenceToken, MAX_CLAIMS, MAX_NODE_NAME_LEN, MAX_STAMP, MAX_TOKEN_TEXT_LEN, ScalarToken, Token,
     TokenRef,
