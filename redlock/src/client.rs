@@ -270,14 +270,14 @@ impl Redlock {
     /// [`Error::ForeignLock`] for a lock taken by a client of other nodes (see
     /// [`Redlock::owns`]); the lock is not renewed and expires with its TTL.
     pub fn guard(&self, lock: Lock) -> Result<LockGuard, Error> {
-        self.core.owns(&lock.origin)?;
+        self.core.owns(&lock)?;
         Ok(self.core.guard(lock))
     }
 
     /// Whether `lock` was taken by a client of the same node list (same normalised addresses
     /// and databases, in the same order) — the clients that may extend, guard or release it.
     pub fn owns(&self, lock: &Lock) -> bool {
-        self.core.owns(&lock.origin).is_ok()
+        self.core.owns(lock).is_ok()
     }
 
     /// Acquires `resource` (retrying per policy), runs `work` with a [`Lease`] while the lock is

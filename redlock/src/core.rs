@@ -12,7 +12,9 @@ use crate::backend::{Backend, Op};
 use crate::claim::Claim;
 use crate::config::{Config, MAX_RESOURCES_PER_LOCK, RetryPolicy};
 use crate::engine::{self, Goal, Judge, Phase};
-use crate::error::{Error, LostReason, NodeOutcome, Phase as PhaseName, ResourceError};
+use crate::error::{
+    Error, GaveUp, LostReason, NodeOutcome, Phase as PhaseName, ResourceError, Retries,
+};
 use crate::lease::{Held, LockGuard, Releaser};
 use crate::lock::{self, Deadline, Lock, ReleaseReport};
 use crate::renewal::Renewer;
@@ -149,11 +151,13 @@ impl<B: Backend> Core<B> {
     }
 
     /// Fails for a lock taken by a client of other nodes.
-    pub(crate) fn owns(&self, origin: &Arc<str>) -> Result<(), Error> {
+    pub(crate) fn owns(&self, lock: &Lock) -> Result<(), Error> {
+        let origin = &lock.origin;
         if Arc::ptr_eq(origin, &self.origin) || **origin == *self.origin {
             Ok(())
         } else {
             Err(Error::ForeignLock {
+                resources: Arc::clone(&lock.resources),
                 lock_nodes: origin.to_string(),
                 client_nodes: self.origin.to_string(),
             })
@@ -236,7 +240,7 @@ impl<B: Backend> Core<B> {
             return Err(e);
         }
         // Validity counts from before the first request: TTL − elapsed − drift.
-        let valid_for = match Judge::new(PhaseName::Acquire, ttl, &self.config)
+        let valid_for = match Judge::new(PhaseName::Acquire, resources, ttl, &self.config)
             .min_validity(terms.min_validity)
             .judge(&d, &*self.backend, started.elapsed())
         {
@@ -339,6 +343,20 @@ impl<B: Backend> Core<B> {
                 };
                 tracing::debug!(attempts, error = %err, retry_in = ?pause, "attempt failed");
                 let Some(pause) = pause else {
+                    let gave_up = if last_attempt {
+                        GaveUp::Queue
+                    } else if policy.single_attempt() {
+                        GaveUp::SingleAttempt
+                    } else if policy.max_attempts.is_some_and(|max| attempts >= max) {
+                        GaveUp::Attempts
+                    } else {
+                        GaveUp::Deadline
+                    };
+                    let err = err.with_retries(Retries {
+                        attempts,
+                        waited: started.elapsed(),
+                        gave_up,
+                    });
                     telemetry::acquire_done(&Err(&err), attempts, started.elapsed());
                     return Err(err);
                 };
@@ -394,7 +412,7 @@ impl<B: Backend> Core<B> {
     }
 
     pub(crate) async fn extend(&self, lock: &mut Lock) -> Result<(), Error> {
-        self.owns(&lock.origin)?;
+        self.owns(lock)?;
         self.usable()?;
         let span = tracing::debug_span!("redlock.extend", resources = ?&*lock.resources, token = %lock.token);
         async {
@@ -408,7 +426,7 @@ impl<B: Backend> Core<B> {
             let mut phase = Phase::start(&self.backend, PhaseName::Extend, op, Goal::Quorum, None);
             let d = phase.decided().await;
             // The new validity counts from the extension's start, never from the old deadline.
-            let valid_for = Judge::new(PhaseName::Extend, ttl, &self.config)
+            let valid_for = Judge::new(PhaseName::Extend, &lock.resources, ttl, &self.config)
                 .min_validity(lock.min_validity)
                 .judge(&d, &*self.backend, started.elapsed())
                 .inspect_err(|_| {
@@ -427,7 +445,7 @@ impl<B: Backend> Core<B> {
     }
 
     pub(crate) async fn release(&self, lock: Lock) -> Result<ReleaseReport, Error> {
-        self.owns(&lock.origin)?;
+        self.owns(&lock)?;
         self.release_parts(&lock.resources, &lock.keys, &lock.token, lock.taker)
             .await
     }
@@ -476,6 +494,7 @@ impl<B: Backend> Core<B> {
                 Ok(ReleaseReport { nodes })
             } else {
                 Err(Error::QuorumUnreachable {
+                    resources: Arc::clone(resources),
                     phase: PhaseName::Release,
                     granted: d.positive,
                     required: d.needed,
@@ -560,6 +579,7 @@ impl<B: Backend> Core<B> {
             if now >= deadline {
                 return Err(Error::WaitTimedOut {
                     resource: resources[0].clone(),
+                    timeout,
                     waited: now - started,
                     held,
                     unknown,

@@ -164,6 +164,11 @@ impl Lease {
         &self.held.resources
     }
 
+    /// The locked resources, shared.
+    pub(crate) fn held_resources(&self) -> &Arc<[String]> {
+        &self.held.resources
+    }
+
     /// The claim stamps of the grant.
     pub fn claims(&self) -> &[Claim] {
         &self.held.claims

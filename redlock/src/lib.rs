@@ -35,8 +35,8 @@ pub use config::{
     DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, DEFAULT_TTL, MAX_RESOURCES_PER_LOCK, RetryPolicy,
 };
 pub use error::{
-    ConfigError, Error, LostReason, NodeError, NodeErrorKind, NodeOutcome, NodeReport, Phase,
-    ResourceError,
+    ConfigError, EntropyError, Error, GaveUp, LostReason, NodeError, NodeErrorKind, NodeOutcome,
+    NodeReport, Phase, ResourceError, Retries,
 };
 /// The fencing token of a lock ([`Lock::fence`], [`Lease::fence`]), from the `fencing` crate.
 pub use fencing::FenceToken;

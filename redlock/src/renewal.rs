@@ -370,7 +370,7 @@ impl<B: Backend> Renewer<B> {
                 needed: quorum,
             };
             // The lock's own TTL: the one this batch sent the nodes.
-            let result = Judge::new(Phase::Extend, held.ttl, &self.config)
+            let result = Judge::new(Phase::Extend, &held.resources, held.ttl, &self.config)
                 .min_validity(held.min_validity)
                 .judge(&decision, &*self.backend, elapsed);
             telemetry::renewal_outcome(result.is_ok());

@@ -210,7 +210,10 @@ impl LockRequest {
         match outcome {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(panic)) => std::panic::resume_unwind(panic),
-            Err(reason) => Err(Error::LockLost { reason }),
+            Err(reason) => Err(Error::LockLost {
+                resources: Arc::clone(lease.held_resources()),
+                reason,
+            }),
         }
     }
 }
