@@ -159,7 +159,7 @@ impl PgFence {
             let stamps: Vec<i64> = row.try_get(2)?;
             high_water_from(nodes, stamps)
         };
-        match verdict {
+        let verdict = match verdict {
             1 => Ok(Admission::Advanced),
             2 => Ok(Admission::Repeated),
             -1 => Err(FenceError::Stale {
@@ -173,7 +173,8 @@ impl PgFence {
             other => Err(FenceError::UnexpectedReply {
                 reason: format!("admission function returned verdict {other}"),
             }),
-        }
+        };
+        verdict.inspect_err(|e| crate::telemetry::rejected("postgres", e))
     }
 
     /// `resource`'s high water as committed (or as seen by `client`'s transaction).

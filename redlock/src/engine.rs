@@ -19,7 +19,9 @@ use tokio::time::Instant;
 use crate::backend::{Backend, Op, Reply};
 use crate::claim::Claim;
 use crate::config::Config;
-use crate::error::{Error, NodeError, NodeOutcome, NodeReport, Phase as PhaseName};
+use crate::error::{
+    Error, GaveUp, NodeError, NodeOutcome, NodeReport, Phase as PhaseName, Retries,
+};
 use crate::telemetry;
 
 /// Which answers count towards the phase's goal.
@@ -74,21 +76,38 @@ pub(crate) fn drift(ttl: Duration, drift_factor: f64) -> Duration {
 /// The error of a phase that missed its goal — one rule for acquire, extend and renewal. More
 /// refusals than the nodes a quorum can spare mean another owner holds the key: `Busy` for an
 /// acquire, `Lost` for an extension. Otherwise too many nodes failed or timed out.
-fn missed(phase: PhaseName, positive: usize, refused: usize, nodes: Vec<NodeReport>) -> Error {
+/// A `Busy` carries the history of one attempt; the acquire loop replaces it with its own.
+fn missed(
+    phase: PhaseName,
+    resources: &Arc<[String]>,
+    positive: usize,
+    refused: usize,
+    nodes: Vec<NodeReport>,
+    elapsed: Duration,
+) -> Error {
     let n = nodes.len();
     let required = quorum(n);
+    let resources = Arc::clone(resources);
     match phase {
         PhaseName::Acquire if refused > n - required => Error::Busy {
+            resources,
             granted: positive,
             required,
             nodes,
+            retries: Retries {
+                attempts: 1,
+                waited: elapsed,
+                gave_up: GaveUp::SingleAttempt,
+            },
         },
         PhaseName::Extend if refused > n - required => Error::Lost {
+            resources,
             held: positive,
             required,
             nodes,
         },
         _ => Error::QuorumUnreachable {
+            resources,
             phase,
             granted: positive,
             required,
@@ -102,6 +121,7 @@ fn missed(phase: PhaseName, positive: usize, refused: usize, nodes: Vec<NodeRepo
 /// above `min_validity`. One rule for acquire, extend and renewal.
 fn validity_left(
     phase: PhaseName,
+    resources: &Arc<[String]>,
     ttl: Duration,
     elapsed: Duration,
     drift_factor: f64,
@@ -109,7 +129,8 @@ fn validity_left(
 ) -> Result<Duration, Error> {
     validity(ttl, elapsed, drift_factor)
         .filter(|left| *left > min_validity)
-        .ok_or(Error::ValidityExhausted {
+        .ok_or_else(|| Error::ValidityExhausted {
+            resources: Arc::clone(resources),
             phase,
             elapsed,
             ttl,
@@ -123,23 +144,38 @@ fn validity_left(
 /// leaves the validity of the TTL the nodes were sent, counted from the phase's start, or
 /// `ValidityExhausted` when it is not above `min_validity`.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Judge {
+pub(crate) struct Judge<'a> {
     phase: PhaseName,
+    /// The lock's resources, named in its errors.
+    resources: &'a Arc<[String]>,
     /// The TTL the nodes were sent.
     ttl: Duration,
     drift_factor: f64,
     min_validity: Duration,
 }
 
-impl Judge {
-    /// The rule for `phase` on `ttl` under the client's drift factor and minimum validity.
-    pub(crate) fn new(phase: PhaseName, ttl: Duration, config: &Config) -> Self {
+impl<'a> Judge<'a> {
+    /// The rule for `phase` of the lock of `resources` on `ttl`, under the client's drift
+    /// factor and minimum validity.
+    pub(crate) fn new(
+        phase: PhaseName,
+        resources: &'a Arc<[String]>,
+        ttl: Duration,
+        config: &Config,
+    ) -> Self {
         Self {
             phase,
+            resources,
             ttl,
             drift_factor: config.drift_factor,
             min_validity: config.min_validity,
         }
+    }
+
+    /// The same rule with the lock's own minimum validity instead of the client's.
+    pub(crate) fn min_validity(mut self, min_validity: Duration) -> Self {
+        self.min_validity = min_validity;
+        self
     }
 
     /// The span from the phase's start for which the lock is valid, given that the phase was
@@ -156,7 +192,14 @@ impl Judge {
         }
         if !d.success {
             let refused = d.count(|o| matches!(o, NodeOutcome::Refused));
-            let err = missed(self.phase, d.positive, refused, d.reports(backend));
+            let err = missed(
+                self.phase,
+                self.resources,
+                d.positive,
+                refused,
+                d.reports(backend),
+                elapsed,
+            );
             if self.phase == PhaseName::Acquire {
                 if err.is_busy() {
                     telemetry::contention();
@@ -169,6 +212,7 @@ impl Judge {
         }
         let left = validity_left(
             self.phase,
+            self.resources,
             self.ttl,
             elapsed,
             self.drift_factor,

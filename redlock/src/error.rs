@@ -115,6 +115,102 @@ impl fmt::Display for NodeError {
     }
 }
 
+impl std::error::Error for NodeError {}
+
+/// The resources of a lock, for messages: `"orders:42"`, or `["a", "b"]` for several.
+pub(crate) struct Names<'a>(pub(crate) &'a [String]);
+
+impl fmt::Display for Names<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            [one] => write!(f, "{one:?}"),
+            many => write!(f, "{many:?}"),
+        }
+    }
+}
+
+/// The operating system's random source failed (no lock token could be made).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntropyError {
+    message: Arc<str>,
+    os_error: Option<i32>,
+}
+
+impl EntropyError {
+    pub(crate) fn new(err: &getrandom::Error) -> Self {
+        Self {
+            message: err.to_string().into(),
+            os_error: err.raw_os_error(),
+        }
+    }
+
+    /// The operating system's error code, when the failure came with one.
+    pub fn os_error(&self) -> Option<i32> {
+        self.os_error
+    }
+}
+
+impl fmt::Display for EntropyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for EntropyError {}
+
+/// Why an acquire stopped retrying: which budget ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum GaveUp {
+    /// Only one attempt was asked for (`try_acquire`, `LockRequest::wait(Duration::ZERO)`, a
+    /// policy of one attempt).
+    SingleAttempt,
+    /// The retry policy's `max_attempts` were made.
+    Attempts,
+    /// The retry policy's `deadline` (or the request's `wait`) passed: no attempt could start
+    /// before it.
+    Deadline,
+    /// The call queued behind this client's other acquirers of the same resources for its
+    /// whole wait limit, then made one attempt.
+    Queue,
+}
+
+impl fmt::Display for GaveUp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::SingleAttempt => "one attempt was asked for",
+            Self::Attempts => "the retry policy's attempts are used up",
+            Self::Deadline => "the retry deadline (wait) passed",
+            Self::Queue => "queued behind this client's other acquirers for the whole wait limit",
+        })
+    }
+}
+
+/// What an acquire did before it gave up: kept on [`Error::Busy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Retries {
+    /// Attempts made, the last one included.
+    pub attempts: u32,
+    /// Time from the call's start until it gave up (queueing, attempts and pauses).
+    pub waited: Duration,
+    /// Which budget ran out.
+    pub gave_up: GaveUp,
+}
+
+impl fmt::Display for Retries {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "gave up after {} attempt{} in {:?}: {}",
+            self.attempts,
+            if self.attempts == 1 { "" } else { "s" },
+            self.waited,
+            self.gave_up
+        )
+    }
+}
+
 /// One node's line in an error or report: its display name (`host:port`, never a password) and
 /// what it answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,23 +242,31 @@ impl fmt::Display for NodeList<'_> {
 pub enum Error {
     /// Another owner holds the resource on enough nodes that no quorum was possible.
     #[error(
-        "lock is busy: held by another owner ({granted}/{required} nodes granted; {})",
+        "lock {} is busy: held by another owner ({granted}/{required} nodes granted; {}); {retries}",
+        Names(resources),
         NodeList(nodes)
     )]
     Busy {
+        /// The resources of the lock.
+        resources: Arc<[String]>,
         /// Nodes that granted before the attempt was decided (their grants were released).
         granted: usize,
         /// The quorum, ⌊N/2⌋+1.
         required: usize,
         /// Per-node outcomes.
         nodes: Vec<NodeReport>,
+        /// The attempts made and which budget ran out.
+        retries: Retries,
     },
     /// Too many nodes failed or timed out for a quorum in this phase.
     #[error(
-        "{phase}: quorum unreachable ({granted}/{required} nodes confirmed; {})",
+        "{phase} {}: quorum unreachable ({granted}/{required} nodes confirmed; {})",
+        Names(resources),
         NodeList(nodes)
     )]
     QuorumUnreachable {
+        /// The resources of the lock.
+        resources: Arc<[String]>,
         /// The phase that failed.
         phase: Phase,
         /// Nodes that answered positively.
@@ -174,9 +278,12 @@ pub enum Error {
     },
     /// A quorum answered, but the time it took (plus clock drift) left no usable validity.
     #[error(
-        "{phase}: validity exhausted: took {elapsed:?} of a {ttl:?} TTL (drift allowance {drift:?}, minimum validity {min_validity:?})"
+        "{phase} {}: validity exhausted: took {elapsed:?} of a {ttl:?} TTL (drift allowance {drift:?}, minimum validity {min_validity:?})",
+        Names(resources)
     )]
     ValidityExhausted {
+        /// The resources of the lock.
+        resources: Arc<[String]>,
         /// The phase (acquire or extend).
         phase: Phase,
         /// Time from the first request to the quorum decision.
@@ -191,10 +298,13 @@ pub enum Error {
     /// The lock is no longer ours on a quorum (it expired or was taken over). Reported by
     /// `extend`; the lock is left as it is on every node.
     #[error(
-        "lock lost: our token is held on only {held}/{required} nodes ({})",
+        "lock {} lost: our token is held on only {held}/{required} nodes ({})",
+        Names(resources),
         NodeList(nodes)
     )]
     Lost {
+        /// The resources of the lock.
+        resources: Arc<[String]>,
         /// Nodes that still held our token.
         held: usize,
         /// The quorum.
@@ -204,8 +314,13 @@ pub enum Error {
     },
     /// The lock of a [`with_lock`](crate::Redlock::with_lock) call was lost while the work ran;
     /// the work was cancelled.
-    #[error("lock lost while the work ran ({reason}); the work was cancelled")]
+    #[error(
+        "lock {} lost while the work ran ({reason}); the work was cancelled",
+        Names(resources)
+    )]
     LockLost {
+        /// The resources of the lock.
+        resources: Arc<[String]>,
         /// Why the lock was lost.
         reason: LostReason,
     },
@@ -213,24 +328,47 @@ pub enum Error {
     #[error("invalid resource: {0}")]
     InvalidResource(#[from] ResourceError),
     /// The configuration was rejected by `build()`, or found unusable on connecting (the same
-    /// server behind two of the configured addresses).
+    /// server behind two of the configured addresses); or an option of one call (a
+    /// [`LockRequest`](crate::LockRequest)'s TTL, minimum validity or retry policy,
+    /// `acquire_with`'s policy) was rejected before anything was sent.
     #[error("invalid configuration: {0}")]
     Config(#[from] ConfigError),
     /// The lock was taken by a client of other nodes. A lock can only be extended, guarded or
     /// released by a client of the same node list (same addresses and databases); it keeps its
     /// own TTL whichever client renews it.
     #[error(
-        "the lock was taken by a client of other nodes ({lock_nodes}); this client uses {client_nodes}"
+        "lock {} was taken by a client of other nodes ({lock_nodes}); this client uses {client_nodes}",
+        Names(resources)
     )]
     ForeignLock {
+        /// The resources of the lock.
+        resources: Arc<[String]>,
         /// The node list of the client that took the lock.
         lock_nodes: String,
         /// The node list of this client.
         client_nodes: String,
     },
+    /// [`Redlock::wait_released`](crate::Redlock::wait_released) ran out of time: the
+    /// resource was still held (or too many nodes did not answer to tell) when its timeout
+    /// passed.
+    #[error(
+        "waited {waited:?} (the timeout given: {timeout:?}) for {resource:?} to be released: still held on {held} nodes ({unknown} did not answer)"
+    )]
+    WaitTimedOut {
+        /// The resource waited for.
+        resource: String,
+        /// The timeout given to the call: the budget that ran out.
+        timeout: Duration,
+        /// Time from the call's start to giving up.
+        waited: Duration,
+        /// Nodes that held a key for it at the last check.
+        held: usize,
+        /// Nodes that did not answer at the last check.
+        unknown: usize,
+    },
     /// The operating system's random source failed while generating a token.
     #[error("could not generate a lock token: {0}")]
-    Entropy(getrandom::Error),
+    Entropy(EntropyError),
 }
 
 impl Error {
@@ -244,6 +382,11 @@ impl Error {
         matches!(self, Self::QuorumUnreachable { .. })
     }
 
+    /// A wait ran out of its time ([`Error::WaitTimedOut`]).
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Self::WaitTimedOut { .. })
+    }
+
     /// The lock was lost.
     pub fn is_lost(&self) -> bool {
         matches!(self, Self::Lost { .. })
@@ -255,6 +398,36 @@ impl Error {
             self,
             Self::Busy { .. } | Self::QuorumUnreachable { .. } | Self::ValidityExhausted { .. }
         )
+    }
+
+    /// The resources of the lock the error is about, for the variants about one lock.
+    pub fn resources(&self) -> &[String] {
+        match self {
+            Self::Busy { resources, .. }
+            | Self::QuorumUnreachable { resources, .. }
+            | Self::ValidityExhausted { resources, .. }
+            | Self::Lost { resources, .. }
+            | Self::LockLost { resources, .. }
+            | Self::ForeignLock { resources, .. } => resources,
+            Self::WaitTimedOut { resource, .. } => std::slice::from_ref(resource),
+            _ => &[],
+        }
+    }
+
+    /// The attempts an acquire made before giving up, on [`Error::Busy`].
+    pub fn retries(&self) -> Option<&Retries> {
+        match self {
+            Self::Busy { retries, .. } => Some(retries),
+            _ => None,
+        }
+    }
+
+    /// The error with `retries` as its history, for the variants that keep one.
+    pub(crate) fn with_retries(mut self, history: Retries) -> Self {
+        if let Self::Busy { retries, .. } = &mut self {
+            *retries = history;
+        }
+        self
     }
 
     /// Per-node detail, for the variants that carry it.
@@ -423,6 +596,29 @@ pub enum LostReason {
     MaxHold,
     /// The lock was released (or its guard dropped).
     Released,
+    /// Renewal was stopped by [`LockGuard::stop_renewal`](crate::LockGuard::stop_renewal): the
+    /// keys stay on the nodes until their TTL, held by the returned [`Lock`](crate::Lock).
+    RenewalStopped,
+}
+
+impl LostReason {
+    /// The reason as a `snake_case` label: `expired`, `extend_failed`, `max_hold`, `released`,
+    /// `renewal_stopped` (the `reason` label of the lease metrics).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Expired => "expired",
+            Self::ExtendFailed(_) => "extend_failed",
+            Self::MaxHold => "max_hold",
+            Self::Released => "released",
+            Self::RenewalStopped => "renewal_stopped",
+        }
+    }
+
+    /// Whether the lease ended without its holder asking: it expired, an extension failed, or
+    /// the maximum hold time was reached (not `Released`, not `RenewalStopped`).
+    pub fn is_loss(&self) -> bool {
+        matches!(self, Self::Expired | Self::ExtendFailed(_) | Self::MaxHold)
+    }
 }
 
 impl fmt::Display for LostReason {
@@ -432,6 +628,7 @@ impl fmt::Display for LostReason {
             Self::ExtendFailed(e) => write!(f, "extension failed: {e}"),
             Self::MaxHold => f.write_str("maximum hold time reached"),
             Self::Released => f.write_str("released"),
+            Self::RenewalStopped => f.write_str("renewal stopped; the keys stay until their TTL"),
         }
     }
 }

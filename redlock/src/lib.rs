@@ -17,6 +17,7 @@ mod node;
 mod nodes;
 mod pubsub;
 mod renewal;
+mod request;
 mod scripts;
 #[cfg(feature = "simulation")]
 pub mod sim;
@@ -34,9 +35,12 @@ pub use config::{
     DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, DEFAULT_TTL, MAX_RESOURCES_PER_LOCK, RetryPolicy,
 };
 pub use error::{
-    ConfigError, Error, LostReason, NodeError, NodeErrorKind, NodeOutcome, NodeReport, Phase,
-    ResourceError,
+    ConfigError, EntropyError, Error, GaveUp, LostReason, NodeError, NodeErrorKind, NodeOutcome,
+    NodeReport, Phase, ResourceError, Retries,
 };
+/// The fencing token of a lock ([`Lock::fence`], [`Lease::fence`]), from the `fencing` crate.
+pub use fencing::FenceToken;
 pub use lease::{Lease, LockGuard};
 pub use lock::{Lock, ReleaseReport};
+pub use request::LockRequest;
 pub use token::{TOKEN_BYTES, Token};

@@ -21,6 +21,7 @@ use crate::engine::{self, Decision, Judge};
 use crate::error::{Error, LostReason, NodeError, NodeOutcome, Phase};
 use crate::lease::Held;
 use crate::lock::{self, Deadline, Lock};
+use crate::telemetry;
 
 /// Locks per batched renewal call; keeps one script call on a node short (~1–2 ms).
 const BATCH_CHUNK: usize = 1000;
@@ -214,7 +215,11 @@ impl<B: Backend> Renewer<B> {
             keys: lock.keys,
             token: lock.token,
             ttl: lock.ttl,
+            min_validity: lock.min_validity,
             taker: lock.taker,
+            origin: lock.origin,
+            granted: lock.granted,
+            since: now,
             every,
             claims: lock.claims,
             valid_until: Mutex::new(lock.valid_until),
@@ -245,11 +250,11 @@ impl<B: Backend> Renewer<B> {
         held
     }
 
-    /// Marks the lease done, stops its renewal and fires `Released`.
-    pub(crate) fn finish(&self, held: &Held) {
+    /// Marks the lease done, stops its renewal and fires `reason`.
+    pub(crate) fn finish(&self, held: &Held, reason: LostReason) {
         *held.done.lock().unwrap_or_else(PoisonError::into_inner) = true;
         self.renewals.remove(held.id);
-        held.fire(LostReason::Released);
+        held.fire(reason);
     }
 }
 
@@ -389,6 +394,13 @@ impl<B: Backend> Renewer<B> {
 
     async fn renew_batch(&self, chunk: &[Arc<Held>]) {
         let started = Instant::now();
+        let (now, boot) = Deadline::clocks();
+        telemetry::renewal_started(
+            chunk
+                .iter()
+                .map(|h| h.valid_until().remaining_at(now, boot))
+                .min(),
+        );
         let batch = Arc::new(Batch {
             locks: chunk
                 .iter()
@@ -460,6 +472,7 @@ impl<B: Backend> Renewer<B> {
             }
         }
         drop(calls);
+        telemetry::renewal_round(started.elapsed());
         let now = Instant::now();
         let mut rescheduled = Vec::new();
         for (j, held) in chunk.iter().enumerate() {
@@ -472,11 +485,10 @@ impl<B: Backend> Renewer<B> {
                 needed: quorum,
             };
             // The lock's own TTL: the one this batch sent the nodes.
-            let result = Judge::new(Phase::Extend, held.ttl, &self.config).judge(
-                &decision,
-                &*self.backend,
-                elapsed,
-            );
+            let result = Judge::new(Phase::Extend, &held.resources, held.ttl, &self.config)
+                .min_validity(held.min_validity)
+                .judge(&decision, &*self.backend, elapsed);
+            telemetry::renewal_outcome(result.is_ok());
             if held.is_done() || held.lost.is_cancelled() {
                 continue;
             }

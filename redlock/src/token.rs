@@ -3,6 +3,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::error::EntropyError;
+
 /// Number of random bytes in a generated token (128 bits).
 pub const TOKEN_BYTES: usize = 16;
 
@@ -26,9 +28,9 @@ impl Token {
     ///
     /// # Errors
     /// Fails only when the operating system's random source is unavailable.
-    pub fn random() -> Result<Self, getrandom::Error> {
+    pub fn random() -> Result<Self, EntropyError> {
         let mut bytes = [0u8; TOKEN_BYTES];
-        crate::det::fill(&mut bytes)?;
+        crate::det::fill(&mut bytes).map_err(|e| EntropyError::new(&e))?;
         let mut hex = String::with_capacity(TOKEN_BYTES * 2);
         for b in bytes {
             hex.push(char::from(HEX[usize::from(b >> 4)]));

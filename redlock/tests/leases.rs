@@ -69,7 +69,7 @@ async fn lost_fires_by_the_deadline_when_a_majority_pauses() {
         cluster.node(i).resume();
     }
     match result {
-        Err(Error::LockLost { reason }) => {
+        Err(Error::LockLost { reason, .. }) => {
             assert!(
                 matches!(reason, LostReason::ExtendFailed(_) | LostReason::Expired),
                 "{reason}"
@@ -140,7 +140,8 @@ async fn max_hold_fires_and_renewal_traffic_stops() {
         matches!(
             result,
             Err(Error::LockLost {
-                reason: LostReason::MaxHold
+                reason: LostReason::MaxHold,
+                ..
             })
         ),
         "{result:?}"
