@@ -37,6 +37,7 @@ mod high_water;
 mod memory;
 #[cfg(feature = "postgres")]
 mod pg;
+mod pg_sql;
 #[cfg(feature = "redis")]
 mod redis_fence;
 mod token;
@@ -45,7 +46,8 @@ pub use error::FenceError;
 pub use high_water::{Admission, HighWater};
 pub use memory::MemoryFence;
 #[cfg(feature = "postgres")]
-pub use pg::{DEFAULT_PG_TABLE, PgFence, PgSequence};
+pub use pg::PgSequence;
+pub use pg_sql::{DEFAULT_PG_TABLE, PgFence};
 #[cfg(feature = "redis")]
 pub use redis_fence::{DEFAULT_REDIS_PREFIX, RedisFence};
 pub use token::{
