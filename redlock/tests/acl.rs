@@ -1,7 +1,7 @@
 //! The least-privilege ACL recipe of docs/operations.md, run for real: a user restricted to
-//! exactly those rules acquires, extends, renews, waits for a release notification, releases and
-//! falls back from `EVALSHA` to `EVAL` after a script-cache flush; and each rule, taken away,
-//! breaks one of those steps.
+//! exactly those rules acquires, extends, renews, waits for a release notification (as an
+//! acquirer and with `wait_released`), releases and falls back from `EVALSHA` to `EVAL` after a
+//! script-cache flush; and each rule, taken away, breaks one of those steps.
 
 use std::time::Duration;
 
@@ -25,6 +25,7 @@ const BASE: &[&str] = &[
     "+pexpire",
     "+del",
     "+time",
+    "+pttl",
     "+publish",
     "+subscribe",
     "+unsubscribe",
@@ -104,6 +105,7 @@ enum Step {
     Publish,
     Release,
     Waiter,
+    WaitReleased,
     EvalFallback,
 }
 
@@ -172,6 +174,12 @@ async fn scenario(cluster: &Cluster, user: &str, resource: &str) -> Result<(), (
         let resource = resource.to_owned();
         tokio::spawn(async move { b.acquire(&resource).await })
     };
+    // A third client waits for the release without taking the lock.
+    let c = client(urls(cluster, user), RetryPolicy::once());
+    let watcher = {
+        let resource = resource.to_owned();
+        tokio::spawn(async move { c.wait_released(&resource, Duration::from_secs(2)).await })
+    };
     let mut listening = false;
     for _ in 0..50 {
         if subscribed_nodes(cluster, &channel).await >= 2 {
@@ -197,6 +205,12 @@ async fn scenario(cluster: &Cluster, user: &str, resource: &str) -> Result<(), (
     let mut pubsub = observer.get_async_pubsub().await.unwrap();
     pubsub.subscribe(&channel).await.unwrap();
 
+    if watcher.is_finished() {
+        return fail(
+            Step::WaitReleased,
+            format!("returned while the lock was held: {:?}", watcher.await),
+        );
+    }
     let report = match guard.release().await {
         Ok(report) => report,
         Err(e) => {
@@ -219,6 +233,10 @@ async fn scenario(cluster: &Cluster, user: &str, resource: &str) -> Result<(), (
         other => return fail(Step::Waiter, format!("not woken within 5 s: {other:?}")),
     };
     let _ = b.release(held).await;
+    match tokio::time::timeout(Duration::from_secs(3), watcher).await {
+        Ok(Ok(Ok(()))) => {}
+        other => return fail(Step::WaitReleased, format!("{other:?}")),
+    }
 
     // After the nodes lost their script cache, extend and release of a multi-key lock (always
     // scripts) fall back to EVAL.
