@@ -5,7 +5,7 @@
 #   cluster-setup/pg.sh up [PORT=5433]   # prints postgres://fencing@127.0.0.1:PORT/postgres
 #   cluster-setup/pg.sh down             # stops it and deletes its data
 #
-# Data, socket and log live in cluster-setup/run/pg/. No durability (fsync off) and trust
+# Data, socket and log live in $RUN_DIR/pg/ (default cluster-setup/run/pg/). No durability (fsync off) and trust
 # authentication on 127.0.0.1 only: for experiments, never for data you keep. Run as root, the
 # server runs as the `postgres` OS user (PostgreSQL refuses to run as root), as in the tests.
 # Binaries: $PG_BIN_DIR, else the newest /usr/lib/postgresql/*/bin.
@@ -46,6 +46,12 @@ case "${1:-}" in
       mkdir -p "$dir"
       chmod 700 "$dir"
       ((EUID != 0)) || chown postgres: "$dir"
+      if ! as_pg test -w "$dir"; then
+        echo "the postgres user cannot reach $dir (a parent directory is private);" \
+          "set RUN_DIR to a directory it can reach, e.g. RUN_DIR=\$(mktemp -d) with chmod 755" >&2
+        rm -rf "$dir"
+        exit 1
+      fi
       as_pg "$bin/initdb" -D "$dir/data" -U fencing -E UTF8 --no-sync --no-instructions \
         --auth-local=trust --auth-host=trust >"$dir/initdb.log" 2>&1 || {
         cat "$dir/initdb.log" >&2
