@@ -82,6 +82,13 @@ pub enum FenceError {
         /// What was wrong.
         reason: String,
     },
+    /// A write's expiry was out of range (see `RedisFence::set_if_admitted_with`); nothing
+    /// was sent.
+    #[error("invalid expiry for a fenced write: {reason}")]
+    InvalidExpiry {
+        /// What was wrong.
+        reason: &'static str,
+    },
     /// A backend answered something this crate did not expect (schema drift, a foreign value
     /// under a fence key).
     #[error("unexpected reply from the fence backend: {reason}")]

@@ -18,6 +18,10 @@
 //! input (see [`FenceError::is_malformed`]) is never admitted and changes nothing, in every
 //! backend. See `docs/fencing.md` for why this is safe and exactly what it assumes.
 //!
+//! Every backend counts the tokens it refuses in the `metrics` counter
+//! `fencing_rejections_total` (labels `backend` = `memory` | `redis` | `postgres`, `kind` =
+//! `stale` | `unrelated`).
+//!
 //! ```
 //! use fencing::{Admission, FenceError, FenceToken, MemoryFence};
 //!
@@ -40,6 +44,7 @@ mod pg;
 mod pg_sql;
 #[cfg(feature = "redis")]
 mod redis_fence;
+mod telemetry;
 mod token;
 
 pub use error::FenceError;
@@ -49,7 +54,7 @@ pub use memory::MemoryFence;
 pub use pg::PgSequence;
 pub use pg_sql::{DEFAULT_PG_TABLE, PgFence};
 #[cfg(feature = "redis")]
-pub use redis_fence::{DEFAULT_REDIS_PREFIX, RedisFence};
+pub use redis_fence::{DEFAULT_REDIS_PREFIX, Expiry, RedisFence};
 pub use token::{
     FenceToken, MAX_CLAIMS, MAX_NODE_NAME_LEN, MAX_STAMP, MAX_TOKEN_TEXT_LEN, ScalarToken, Token,
     TokenRef,

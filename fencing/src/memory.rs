@@ -54,14 +54,17 @@ impl MemoryFence {
     ) -> Result<(Admission, R), FenceError> {
         let mut map = self.lock();
         let admission = match map.get_mut(resource) {
-            Some(hw) => hw.admit(token)?,
+            Some(hw) => hw.admit(token),
             None => {
                 let mut hw = HighWater::new();
-                let admission = hw.admit(token)?;
-                map.insert(resource.to_owned(), hw);
+                let admission = hw.admit(token);
+                if admission.is_ok() {
+                    map.insert(resource.to_owned(), hw);
+                }
                 admission
             }
-        };
+        }
+        .inspect_err(|e| crate::telemetry::rejected("memory", e))?;
         Ok((admission, write(admission)))
     }
 

@@ -144,8 +144,9 @@ impl PgFence {
     /// # Errors
     ///
     /// [`FenceError::Stale`] / [`FenceError::Unrelated`] when the token was rejected (nothing was
-    /// changed; roll the transaction back), [`FenceError::UnexpectedReply`] for a verdict or
-    /// high water the function never returns (schema drift).
+    /// changed; roll the transaction back), counted in `fencing_rejections_total` with
+    /// `backend = "postgres"`; [`FenceError::UnexpectedReply`] for a verdict or high water the
+    /// function never returns (schema drift).
     pub fn admission_from_row<'a>(
         &self,
         token: impl Into<TokenRef<'a>>,
@@ -154,7 +155,7 @@ impl PgFence {
         hw_stamps: Vec<i64>,
     ) -> Result<Admission, FenceError> {
         let token = token.into();
-        match verdict {
+        let admission = match verdict {
             1 => Ok(Admission::Advanced),
             2 => Ok(Admission::Repeated),
             -1 => Err(FenceError::Stale {
@@ -168,7 +169,8 @@ impl PgFence {
             other => Err(FenceError::UnexpectedReply {
                 reason: format!("admission function returned verdict {other}"),
             }),
-        }
+        };
+        admission.inspect_err(|e| crate::telemetry::rejected("postgres", e))
     }
 }
 

@@ -1,6 +1,7 @@
 //! Admission in Redis: the check, the advance and the protected write in one Lua script.
 
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use redis::Script;
 use redis::aio::ConnectionLike;
@@ -15,7 +16,9 @@ pub const DEFAULT_REDIS_PREFIX: &str = "fence:";
 
 /// `KEYS[1]` = the resource's high-water hash; `KEYS[2]` (optional) = a key to `SET` when
 /// admitted. `ARGV[1]` = number of claims n, `ARGV[2..2n+1]` = node, stamp pairs (decimal),
-/// `ARGV[2n+2]` = the value for `KEYS[2]`.
+/// `ARGV[2n+2]` = the value for `KEYS[2]`, optionally followed by `KEEPTTL` (keep the key's
+/// expiry) or by `PX` and a count of milliseconds (expire that long after the write); without
+/// either the `SET` is plain and removes any expiry the key had.
 ///
 /// Returns `{code, high_water}`: 1 advanced, 2 repeated (the same grant again; the write is
 /// still done, so a retried write lands), -1 stale, -2 unrelated; `high_water` is the flat
@@ -52,7 +55,11 @@ local lists = 'node and stamp lists are missing, not flat, or of different lengt
 if not ARGV[1] or not canonical(ARGV[1]) then return malformed(lists) end
 local n = tonumber(ARGV[1])
 local extra = 0
-if KEYS[2] then extra = 1 end
+if KEYS[2] then
+  extra = 1
+  local option = ARGV[2 * n + 3]
+  if option == 'KEEPTTL' then extra = 2 elseif option == 'PX' then extra = 3 end
+end
 if #ARGV ~= 2 * n + 1 + extra then return malformed(lists) end
 if n == 0 then return malformed('no claims') end
 if n > 32 then return malformed('more than 32 claims') end
@@ -69,6 +76,12 @@ for i = 1, n do
     return malformed('node appears twice: ' .. node, i)
   end
   seen[node] = true
+end
+if extra == 3 then
+  local ms = ARGV[2 * n + 4]
+  if not canonical(ms) or ms == '0' then
+    return redis.error_reply('ERR fence write: PX takes a whole number of milliseconds, at least 1')
+  end
 end
 
 local shared, same = false, true
@@ -93,7 +106,11 @@ end
 if #raise > 0 then
   redis.call('HSET', KEYS[1], unpack(raise))
 end
-if KEYS[2] then
+if extra == 3 then
+  redis.call('SET', KEYS[2], ARGV[2 * n + 2], 'PX', ARGV[2 * n + 4])
+elseif extra == 2 then
+  redis.call('SET', KEYS[2], ARGV[2 * n + 2], 'KEEPTTL')
+elseif KEYS[2] then
   redis.call('SET', KEYS[2], ARGV[2 * n + 2])
 end
 if same then return {2, {}} end
@@ -118,6 +135,27 @@ impl From<redis::RedisError> for FenceError {
 }
 
 static ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(ADMIT_SRC));
+
+/// Longest [`Expiry::After`]: far below what Redis can count (`PX` is a signed 64-bit number of
+/// ms added to the server's clock).
+const MAX_EXPIRY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// What a fenced write ([`RedisFence::set_if_admitted_with`]) does with the register key's
+/// expiry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Expiry {
+    /// No expiry: a plain `SET`, which also removes an expiry the key had. What
+    /// [`RedisFence::set_if_admitted`] does.
+    #[default]
+    Persist,
+    /// Expire this long after the write (`SET … PX <ms>`, whole milliseconds, rounded down;
+    /// from 1 ms to 100 years).
+    After(Duration),
+    /// Keep the expiry the key has (`SET … KEEPTTL`): a cache entry written with a TTL keeps
+    /// counting down; a key without one (or a new key) stays without.
+    Keep,
+}
 
 /// Admission kept in Redis, for resources stored in Redis.
 ///
@@ -161,7 +199,9 @@ impl RedisFence {
     /// hash ([`high_water_key`](Self::high_water_key)), optional `KEYS[2]` = the key to `SET`
     /// when admitted ([`register_key`](Self::register_key)); `ARGV[1]` = the number of
     /// claims `n`, `ARGV[2..2n+1]` = node, stamp pairs (stamps in canonical decimal), then,
-    /// with `KEYS[2]`, the value to set. Replies `{code, high_water}`: 1 advanced, 2 repeated,
+    /// with `KEYS[2]`, the value to set, optionally followed by `KEEPTTL` or by `PX` and a
+    /// count of milliseconds ≥ 1 (see [`Expiry`]; a bad count is an `ERR fence write: …`
+    /// reply before anything is written). Replies `{code, high_water}`: 1 advanced, 2 repeated,
     /// -1 stale, -2 unrelated; `high_water` is the flat `HGETALL` on a rejection. Malformed
     /// arguments get the error reply `FENCEMALFORMED malformed fence token: <reason>` and
     /// change nothing; `FenceError::from` maps it to a typed error
@@ -206,6 +246,10 @@ impl RedisFence {
     /// admitted on `name`, in one script. The same grant writing again is admitted and
     /// overwrites (an idempotent retry).
     ///
+    /// A plain `SET`: the key keeps no expiry, and one it had is removed
+    /// ([`Expiry::Persist`]). To write a cache entry that expires, or to keep its expiry, use
+    /// [`set_if_admitted_with`](Self::set_if_admitted_with).
+    ///
     /// # Errors
     ///
     /// As [`admit`](Self::admit); a rejected write changes nothing.
@@ -221,7 +265,46 @@ impl RedisFence {
         token: impl Into<TokenRef<'a>>,
         value: impl AsRef<[u8]>,
     ) -> Result<Admission, FenceError> {
-        self.run(conn, name, token.into(), Some(value.as_ref()))
+        self.run(
+            conn,
+            name,
+            token.into(),
+            Some((value.as_ref(), Expiry::Persist)),
+        )
+        .await
+    }
+
+    /// [`set_if_admitted`](Self::set_if_admitted) with a choice of expiry for the register
+    /// key: none ([`Expiry::Persist`], a plain `SET`), a TTL counted from this write
+    /// ([`Expiry::After`], `SET … PX`), or the expiry the key already has ([`Expiry::Keep`],
+    /// `SET … KEEPTTL`, Redis ≥ 6.0). The expiry is set in the same script as the admission:
+    /// a rejected write changes neither the value nor its TTL.
+    ///
+    /// # Errors
+    ///
+    /// As [`admit`](Self::admit); [`FenceError::InvalidExpiry`] for an `Expiry::After` below
+    /// 1 ms or above 100 years (nothing is sent).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`admit`](Self::admit): the write may or may not have happened; retry it with the
+    /// same token.
+    pub async fn set_if_admitted_with<'a, C: ConnectionLike>(
+        &self,
+        conn: &mut C,
+        name: &str,
+        token: impl Into<TokenRef<'a>>,
+        value: impl AsRef<[u8]>,
+        expiry: Expiry,
+    ) -> Result<Admission, FenceError> {
+        if let Expiry::After(ttl) = expiry
+            && !(Duration::from_millis(1)..=MAX_EXPIRY).contains(&ttl)
+        {
+            return Err(FenceError::InvalidExpiry {
+                reason: "Expiry::After must be from 1 ms to 100 years",
+            });
+        }
+        self.run(conn, name, token.into(), Some((value.as_ref(), expiry)))
             .await
     }
 
@@ -272,7 +355,7 @@ impl RedisFence {
         conn: &mut C,
         resource: &str,
         token: TokenRef<'_>,
-        value: Option<&[u8]>,
+        value: Option<(&[u8], Expiry)>,
     ) -> Result<Admission, FenceError> {
         token.validate()?;
         let mut call = ADMIT.prepare_invoke();
@@ -285,11 +368,21 @@ impl RedisFence {
         for (node, stamp) in pairs {
             call.arg(node).arg(stamp);
         }
-        if let Some(v) = value {
+        if let Some((v, expiry)) = value {
             call.arg(v);
+            match expiry {
+                Expiry::Persist => {}
+                Expiry::After(ttl) => {
+                    call.arg("PX")
+                        .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
+                }
+                Expiry::Keep => {
+                    call.arg("KEEPTTL");
+                }
+            }
         }
         let (code, flat): (i64, Vec<String>) = call.invoke_async(conn).await?;
-        match code {
+        let verdict = match code {
             1 => Ok(Admission::Advanced),
             2 => Ok(Admission::Repeated),
             -1 => Err(FenceError::Stale {
@@ -303,7 +396,8 @@ impl RedisFence {
             other => Err(FenceError::UnexpectedReply {
                 reason: format!("admission script returned code {other}"),
             }),
-        }
+        };
+        verdict.inspect_err(|e| crate::telemetry::rejected("redis", e))
     }
 }
 

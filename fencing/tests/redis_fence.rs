@@ -1,6 +1,8 @@
 //! `RedisFence` against a real redis-server started by the testkit.
 
-use fencing::{Admission, FenceError, FenceToken, HighWater, RedisFence, ScalarToken};
+use std::time::Duration;
+
+use fencing::{Admission, Expiry, FenceError, FenceToken, HighWater, RedisFence, ScalarToken};
 use redlock_testkit::Cluster;
 use redlock_testkit::redis::AsyncCommands;
 
@@ -374,5 +376,136 @@ async fn script_enforces_the_token_caps_and_maps_to_typed_errors() {
     assert_eq!(
         (hw.len(), hw.get("a"), hw.get(&e64)),
         (33, Some(12), Some(1))
+    );
+}
+
+/// A fenced write can set a TTL (`PX`) or keep the key's (`KEEPTTL`); the plain write removes
+/// it; a rejected write changes neither the value nor its TTL; a bad expiry sends nothing.
+#[tokio::test]
+async fn fenced_writes_set_or_keep_an_expiry() {
+    let cluster = Cluster::start(1).await.unwrap();
+    let mut conn = cluster.node(0).connection().await.unwrap();
+    let fence = RedisFence::new();
+    let key = fence.register_key("cache");
+    let pttl = |conn: &mut redlock_testkit::redis::aio::MultiplexedConnection| {
+        let mut conn = conn.clone();
+        let key = key.clone();
+        async move { conn.pttl::<_, i64>(key).await.unwrap() }
+    };
+
+    let first = t("f1,a=10,b=10");
+    fence
+        .set_if_admitted_with(
+            &mut conn,
+            "cache",
+            &first,
+            "v1",
+            Expiry::After(Duration::from_secs(5)),
+        )
+        .await
+        .unwrap();
+    let after_px = pttl(&mut conn).await;
+    assert!((4000..=5000).contains(&after_px), "PTTL {after_px}");
+
+    let second = t("f1,a=20,b=20");
+    fence
+        .set_if_admitted_with(&mut conn, "cache", &second, "v2", Expiry::Keep)
+        .await
+        .unwrap();
+    let kept = pttl(&mut conn).await;
+    assert!(
+        kept > 0 && kept <= after_px,
+        "PTTL {kept} after KEEPTTL (was {after_px})"
+    );
+    assert_eq!(
+        fence.get(&mut conn, "cache").await.unwrap(),
+        Some(b"v2".to_vec())
+    );
+
+    // A stale write with an expiry is rejected whole: value and TTL stay.
+    let e = fence
+        .set_if_admitted_with(
+            &mut conn,
+            "cache",
+            &first,
+            "old",
+            Expiry::After(Duration::from_millis(50)),
+        )
+        .await
+        .unwrap_err();
+    assert!(e.is_stale(), "{e}");
+    let still = pttl(&mut conn).await;
+    assert!(still > 1000 && still <= kept, "PTTL {still}");
+    assert_eq!(
+        fence.get(&mut conn, "cache").await.unwrap(),
+        Some(b"v2".to_vec())
+    );
+
+    // The plain write removes the expiry; KEEPTTL on a key without one keeps none.
+    let third = t("f1,a=30,b=30");
+    fence
+        .set_if_admitted(&mut conn, "cache", &third, "v3")
+        .await
+        .unwrap();
+    assert_eq!(pttl(&mut conn).await, -1);
+    let fourth = t("f1,a=40,b=40");
+    fence
+        .set_if_admitted_with(&mut conn, "cache", &fourth, "v4", Expiry::Keep)
+        .await
+        .unwrap();
+    assert_eq!(pttl(&mut conn).await, -1);
+
+    // Out-of-range expiries: nothing is sent.
+    for bad in [
+        Duration::ZERO,
+        Duration::from_micros(999),
+        Duration::from_secs(101 * 365 * 24 * 3600),
+    ] {
+        let e = fence
+            .set_if_admitted_with(
+                &mut conn,
+                "cache",
+                &t("f1,a=50,b=50"),
+                "v5",
+                Expiry::After(bad),
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(e, FenceError::InvalidExpiry { .. }), "{e}");
+    }
+    assert_eq!(
+        fence.get(&mut conn, "cache").await.unwrap(),
+        Some(b"v4".to_vec())
+    );
+    assert_eq!(
+        fence.high_water(&mut conn, "cache").await.unwrap().get("a"),
+        Some(40)
+    );
+
+    // A raw caller's bad PX count is an error reply before anything is written.
+    for ms in ["0", "-5", "abc", "1.5"] {
+        let reply: Result<(i64, Vec<String>), _> = redlock_testkit::redis::cmd("EVAL")
+            .arg(RedisFence::script_source())
+            .arg(2)
+            .arg(fence.high_water_key("cache"))
+            .arg(&key)
+            .arg(1)
+            .arg("a")
+            .arg("60")
+            .arg("v6")
+            .arg("PX")
+            .arg(ms)
+            .query_async(&mut conn)
+            .await;
+        let e = reply.unwrap_err();
+        assert!(e.to_string().contains("fence write"), "{ms}: {e}");
+    }
+    assert_eq!(
+        fence.get(&mut conn, "cache").await.unwrap(),
+        Some(b"v4".to_vec())
+    );
+    assert_eq!(
+        fence.high_water(&mut conn, "cache").await.unwrap().get("a"),
+        Some(40)
     );
 }

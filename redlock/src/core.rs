@@ -589,6 +589,7 @@ impl<B: Backend> Core<B> {
     /// Turns a lock into a renewed guard, starting the renewal driver if needed.
     pub(crate) fn guard(self: &Arc<Self>, lock: Lock) -> LockGuard {
         let held = self.renewer.hold(lock);
+        telemetry::lease_started();
         LockGuard::new(held, Arc::clone(self) as Arc<dyn Releaser>)
     }
 }

@@ -449,6 +449,26 @@ pub enum LostReason {
     RenewalStopped,
 }
 
+impl LostReason {
+    /// The reason as a `snake_case` label: `expired`, `extend_failed`, `max_hold`, `released`,
+    /// `renewal_stopped` (the `reason` label of the lease metrics).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Expired => "expired",
+            Self::ExtendFailed(_) => "extend_failed",
+            Self::MaxHold => "max_hold",
+            Self::Released => "released",
+            Self::RenewalStopped => "renewal_stopped",
+        }
+    }
+
+    /// Whether the lease ended without its holder asking: it expired, an extension failed, or
+    /// the maximum hold time was reached (not `Released`, not `RenewalStopped`).
+    pub fn is_loss(&self) -> bool {
+        matches!(self, Self::Expired | Self::ExtendFailed(_) | Self::MaxHold)
+    }
+}
+
 impl fmt::Display for LostReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -28,6 +28,8 @@ pub(crate) struct Held {
     pub(crate) origin: Arc<str>,
     /// Every grant's claim, for the fence token.
     pub(crate) granted: Option<crate::engine::Granted>,
+    /// When the lease began (its guard was made).
+    pub(crate) since: Instant,
     /// How often this lock is renewed (from its own TTL).
     pub(crate) every: Duration,
     pub(crate) claims: Vec<Claim>,
@@ -65,10 +67,13 @@ impl Held {
         false
     }
 
-    /// Records the first reason and fires the signal (later reasons are ignored).
+    /// Records the first reason and fires the signal (later reasons are ignored). The first
+    /// reason ends the lease: it is logged and counted then, once.
     pub(crate) fn fire(&self, reason: LostReason) {
-        if self.reason.set(reason).is_ok() {
-            tracing::debug!(token = %self.token, reason = %self.reason.get().map(ToString::to_string).unwrap_or_default(), "lease lost");
+        if self.reason.set(reason).is_ok()
+            && let Some(reason) = self.reason.get()
+        {
+            crate::telemetry::lease_ended(&self.resources, reason, self.since.elapsed());
         }
         self.lost.cancel();
     }

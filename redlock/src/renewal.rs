@@ -21,6 +21,7 @@ use crate::engine::{self, Decision, Judge};
 use crate::error::{Error, LostReason, NodeError, NodeOutcome, Phase};
 use crate::lease::Held;
 use crate::lock::{self, Deadline, Lock};
+use crate::telemetry;
 
 /// Locks per batched renewal call; keeps one script call on a node short (~1–2 ms).
 const BATCH_CHUNK: usize = 1000;
@@ -114,6 +115,7 @@ impl<B: Backend> Renewer<B> {
             taker: lock.taker,
             origin: lock.origin,
             granted: lock.granted,
+            since: now,
             every,
             claims: lock.claims,
             valid_until: Mutex::new(lock.valid_until),
@@ -279,6 +281,13 @@ impl<B: Backend> Renewer<B> {
 
     async fn renew_batch(&self, chunk: &[Arc<Held>]) {
         let started = Instant::now();
+        let (now, boot) = Deadline::clocks();
+        telemetry::renewal_started(
+            chunk
+                .iter()
+                .map(|h| h.valid_until().remaining_at(now, boot))
+                .min(),
+        );
         let batch = Arc::new(Batch {
             locks: chunk
                 .iter()
@@ -348,6 +357,7 @@ impl<B: Backend> Renewer<B> {
             }
         }
         drop(calls);
+        telemetry::renewal_round(started.elapsed());
         let now = Instant::now();
         let mut rescheduled = Vec::new();
         for (j, held) in chunk.iter().enumerate() {
@@ -363,6 +373,7 @@ impl<B: Backend> Renewer<B> {
             let result = Judge::new(Phase::Extend, held.ttl, &self.config)
                 .min_validity(held.min_validity)
                 .judge(&decision, &*self.backend, elapsed);
+            telemetry::renewal_outcome(result.is_ok());
             if held.is_done() || held.lost.is_cancelled() {
                 continue;
             }

@@ -13,11 +13,26 @@
 //! - `redlock_node_errors_total` / `redlock_node_timeouts_total` (counters, labels `node`, `phase`).
 //! - `redlock_extend_total`, `redlock_release_total` (counters, label `outcome`).
 //! - `redlock_cleanup_total` (counter, label `outcome`): background releases of abandoned grants.
+//! - `redlock_leases_held` (gauge): leases (guards) alive now, this process.
+//! - `redlock_lease_lost_total` (counter, label `reason`: `expired`, `extend_failed`,
+//!   `max_hold`): leases that ended without their holder asking; each is also logged at `warn`
+//!   with the resources and the reason (never the token). A release (`released`) or
+//!   `stop_renewal` (`renewal_stopped`) is not a loss and is not counted here.
+//! - `redlock_hold_seconds` (histogram, label `reason`: every `LostReason` label): how long each
+//!   lease lived, from its guard's creation to its end.
+//! - `redlock_renewal_seconds` (histogram): wall time of one batched renewal round (one call
+//!   per node for up to 1,000 locks), from its start until every lock in it was decided.
+//! - `redlock_renewal_total` (counter, label `outcome`: `renewed`, `failed`): renewals of single
+//!   locks; `failed` = not renewed by a quorum in that round (lost, or retried while validity
+//!   remains).
+//! - `redlock_renewal_min_validity_seconds` (histogram): per renewal round, the smallest
+//!   validity any of its locks had left when the round started — how close renewals run to
+//!   expiry.
 
 use std::time::Duration;
 
 use crate::backend::Reply;
-use crate::error::{Error, NodeError, NodeOutcome, Phase};
+use crate::error::{Error, LostReason, NodeError, NodeOutcome, Phase};
 
 pub(crate) fn node_outcome(node: &str, phase: Phase, outcome: &NodeOutcome) {
     match outcome {
@@ -77,6 +92,42 @@ pub(crate) fn extend_done(ok: bool) {
 pub(crate) fn release_done(ok: bool) {
     metrics::counter!("redlock_release_total", "outcome" => if ok { "released" } else { "failed" })
         .increment(1);
+}
+
+/// A guard was made.
+pub(crate) fn lease_started() {
+    metrics::gauge!("redlock_leases_held").increment(1.0);
+}
+
+/// A lease ended (called once per lease, with its first reason).
+pub(crate) fn lease_ended(resources: &[String], reason: &LostReason, held: Duration) {
+    metrics::gauge!("redlock_leases_held").decrement(1.0);
+    metrics::histogram!("redlock_hold_seconds", "reason" => reason.label())
+        .record(held.as_secs_f64());
+    if reason.is_loss() {
+        tracing::warn!(?resources, reason = %reason, held = ?held, "lease lost");
+        metrics::counter!("redlock_lease_lost_total", "reason" => reason.label()).increment(1);
+    } else {
+        tracing::debug!(?resources, reason = %reason, held = ?held, "lease ended");
+    }
+}
+
+/// A renewal round starts; `min_left` is the smallest validity its locks have left.
+pub(crate) fn renewal_started(min_left: Option<Duration>) {
+    if let Some(left) = min_left {
+        metrics::histogram!("redlock_renewal_min_validity_seconds").record(left.as_secs_f64());
+    }
+}
+
+/// One lock of a renewal round was decided.
+pub(crate) fn renewal_outcome(renewed: bool) {
+    let outcome = if renewed { "renewed" } else { "failed" };
+    metrics::counter!("redlock_renewal_total", "outcome" => outcome).increment(1);
+}
+
+/// Every lock of a renewal round was decided, `took` after it started.
+pub(crate) fn renewal_round(took: Duration) {
+    metrics::histogram!("redlock_renewal_seconds").record(took.as_secs_f64());
 }
 
 fn phase_label(phase: Phase) -> &'static str {

@@ -2,9 +2,11 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use redlock::{LostReason, Redlock, RetryPolicy};
 use redlock_testkit::Cluster;
 
 /// A metric's name, labels and value, flattened from the debugging recorder.
@@ -21,6 +23,180 @@ fn counter(snapshot: &[Row], name: &str, label: Option<(&str, &str)>) -> u64 {
             _ => 0,
         })
         .sum()
+}
+
+fn rows(snapshotter: &Snapshotter) -> Vec<Row> {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| {
+            let key = key.key();
+            let labels = key
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            (key.name().to_owned(), labels, value)
+        })
+        .collect()
+}
+
+/// The values recorded in histogram `name` (all label sets).
+fn histogram(snapshot: &[Row], name: &str, label: Option<(&str, &str)>) -> Vec<f64> {
+    snapshot
+        .iter()
+        .filter(|(n, labels, _)| {
+            n == name && label.is_none_or(|(k, v)| labels.iter().any(|(lk, lv)| lk == k && lv == v))
+        })
+        .flat_map(|(_, _, v)| match v {
+            DebugValue::Histogram(h) => h.iter().map(|x| x.into_inner()).collect(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+fn gauge(snapshot: &[Row], name: &str) -> Option<f64> {
+    snapshot
+        .iter()
+        .find(|(n, _, _)| n == name)
+        .map(|(_, _, v)| match v {
+            DebugValue::Gauge(g) => g.into_inner(),
+            _ => f64::NAN,
+        })
+}
+
+/// A `std::io::Write` that keeps what the log subscriber writes.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Leases and renewals: the held gauge, hold times, renewal rounds, outcomes and the smallest
+/// validity at renewal, and each kind of loss counted by reason and logged at `warn` with the
+/// resource (never the token). Releases and `stop_renewal` are not losses.
+#[tokio::test(flavor = "current_thread")]
+async fn lease_and_renewal_metrics_are_recorded() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let logs = Captured::default();
+    let sink = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || sink.clone())
+        .finish();
+    let _log = tracing::subscriber::set_default(subscriber);
+
+    let cluster = Cluster::start(3).await.unwrap();
+    let ttl = Duration::from_millis(600);
+    let rl = Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(ttl)
+        .node_timeout(Duration::from_millis(100))
+        .max_hold(Duration::from_millis(900))
+        .retry(RetryPolicy::once())
+        .build()
+        .unwrap();
+
+    let released = rl.lock("m-released").guard().await.unwrap();
+    let stopped = rl.lock("m-stopped").guard().await.unwrap();
+    let taken_over = rl.lock("m-taken").guard().await.unwrap();
+    let token = taken_over.token().expose().to_owned();
+    let capped = rl.lock("m-capped").guard().await.unwrap();
+    // (A snapshot drains what it reads: the next one holds only what changed since.)
+    assert_eq!(gauge(&rows(&snapshotter), "redlock_leases_held"), Some(4.0));
+
+    // Another owner's value on every node: the next renewal is refused (ExtendFailed).
+    for i in 0..3 {
+        common::set(&cluster, i, "redlock:lock:m-taken", "someone-else").await;
+    }
+    let reason = tokio::time::timeout(Duration::from_secs(2), taken_over.lost())
+        .await
+        .unwrap();
+    assert!(matches!(reason, LostReason::ExtendFailed(_)), "{reason}");
+    let lock = stopped.stop_renewal();
+    released.release().await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(2), capped.lost())
+        .await
+        .unwrap();
+    assert!(matches!(reason, LostReason::MaxHold), "{reason}");
+    drop(taken_over);
+    drop(capped);
+    drop(lock);
+
+    let snapshot = rows(&snapshotter);
+    // All four ended since the last snapshot.
+    assert_eq!(gauge(&snapshot, "redlock_leases_held"), Some(-4.0));
+    let lost = |reason| {
+        counter(
+            &snapshot,
+            "redlock_lease_lost_total",
+            Some(("reason", reason)),
+        )
+    };
+    assert_eq!(lost("extend_failed"), 1);
+    assert_eq!(lost("max_hold"), 1);
+    assert_eq!(lost("released"), 0);
+    assert_eq!(lost("renewal_stopped"), 0);
+    assert_eq!(counter(&snapshot, "redlock_lease_lost_total", None), 2);
+    for reason in ["released", "renewal_stopped", "extend_failed", "max_hold"] {
+        let held = histogram(&snapshot, "redlock_hold_seconds", Some(("reason", reason)));
+        assert_eq!(held.len(), 1, "{reason}: {held:?}");
+        assert!(held[0] > 0.1 && held[0] < 5.0, "{reason}: {held:?}");
+    }
+    assert!(
+        counter(
+            &snapshot,
+            "redlock_renewal_total",
+            Some(("outcome", "renewed"))
+        ) >= 4
+    );
+    assert!(
+        counter(
+            &snapshot,
+            "redlock_renewal_total",
+            Some(("outcome", "failed"))
+        ) >= 1
+    );
+    let rounds = histogram(&snapshot, "redlock_renewal_seconds", None);
+    assert!(!rounds.is_empty());
+    assert!(
+        rounds.iter().all(|s| *s > 0.0 && *s < ttl.as_secs_f64()),
+        "{rounds:?}"
+    );
+    let min_left = histogram(&snapshot, "redlock_renewal_min_validity_seconds", None);
+    assert!(!min_left.is_empty());
+    assert!(
+        min_left.iter().all(|s| *s <= ttl.as_secs_f64()),
+        "{min_left:?}"
+    );
+
+    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let warned: Vec<&str> = logs.lines().filter(|l| l.contains("lease lost")).collect();
+    assert_eq!(warned.len(), 2, "{logs}");
+    assert!(
+        warned
+            .iter()
+            .any(|l| l.contains("m-taken") && l.contains("extension failed")),
+        "{logs}"
+    );
+    assert!(
+        warned
+            .iter()
+            .any(|l| l.contains("m-capped") && l.contains("maximum hold")),
+        "{logs}"
+    );
+    assert!(warned.iter().all(|l| l.contains("WARN")), "{logs}");
+    assert!(!logs.contains(&token), "a full token in the logs: {logs}");
 }
 
 // A current-thread runtime keeps the driver tasks on this thread, where the local recorder is.
