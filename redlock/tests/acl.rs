@@ -399,3 +399,44 @@ async fn the_restart_quarantine_needs_info() {
     let lock = rl.acquire("acl:quarantine").await.unwrap();
     rl.release(lock).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_other_than_0_needs_select() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let (name, version) = server(&cluster).await;
+    let base = recipe(&name, &version);
+    let mut with_select = base.clone();
+    with_select.push("+select");
+    set_user(&cluster, "noselect", &base).await;
+    set_user(&cluster, "withselect", &with_select).await;
+
+    let in_db_1 = |user: &str| {
+        let urls: Vec<String> = urls(&cluster, user)
+            .into_iter()
+            .map(|u| format!("{u}/1"))
+            .collect();
+        client(urls, RetryPolicy::once())
+    };
+    for report in in_db_1("noselect").connect().await {
+        match &report.outcome {
+            NodeOutcome::Failed(e) => {
+                assert!(e.message().contains("select"), "{e}");
+            }
+            other => panic!("without +select the database cannot be selected: {other}"),
+        }
+    }
+    let rl = in_db_1("withselect");
+    for report in rl.connect().await {
+        assert_eq!(report.outcome, NodeOutcome::Granted, "{}", report.node);
+    }
+    let lock = rl.try_acquire("acl:select").await.unwrap();
+    // The key is in database 1, not 0.
+    let mut c = cluster.node(0).connection().await.unwrap();
+    let in_db_0: i64 = redis::cmd("EXISTS")
+        .arg("redlock:lock:acl:select")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(in_db_0, 0);
+    rl.release(lock).await.unwrap();
+}
