@@ -41,6 +41,7 @@ mod high_water;
 mod memory;
 #[cfg(feature = "postgres")]
 mod pg;
+mod pg_sql;
 #[cfg(feature = "redis")]
 mod redis_fence;
 mod telemetry;
@@ -50,7 +51,8 @@ pub use error::FenceError;
 pub use high_water::{Admission, HighWater};
 pub use memory::MemoryFence;
 #[cfg(feature = "postgres")]
-pub use pg::{DEFAULT_PG_TABLE, PgFence, PgSequence};
+pub use pg::PgSequence;
+pub use pg_sql::{DEFAULT_PG_TABLE, PgFence};
 #[cfg(feature = "redis")]
 pub use redis_fence::{DEFAULT_REDIS_PREFIX, Expiry, RedisFence};
 pub use token::{

@@ -1,103 +1,18 @@
-//! Admission in PostgreSQL, inside the caller's transaction; and a sequence as a scalar source.
+//! PostgreSQL admission over tokio-postgres, inside the caller's transaction; and a sequence
+//! as a scalar source. The SQL itself lives in `pg_sql.rs`.
 
 use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Transaction};
 
 use crate::error::{FenceError, malformed_from_backend};
 use crate::high_water::{Admission, HighWater};
-use crate::token::{MAX_CLAIMS, MAX_NODE_NAME_LEN, ScalarToken, TokenRef};
+use crate::pg_sql::{PgFence, check_ident, high_water_from};
+use crate::token::{ScalarToken, TokenRef};
 
 /// SQLSTATE of the admission function's malformed-input error.
 const MALFORMED_SQLSTATE: &str = "FN003";
 
-// The admission function spells these caps out.
-const _: () = assert!(MAX_CLAIMS == 32 && MAX_NODE_NAME_LEN == 128);
-
-/// Default table of [`PgFence`]; its admission function is `fencing_high_water_admit`.
-pub const DEFAULT_PG_TABLE: &str = "fencing_high_water";
-
-/// Admission kept in PostgreSQL, for resources stored in the same database.
-///
-/// [`admit`](Self::admit) runs inside the caller's [`Transaction`]: the check, the advance and
-/// the caller's business write commit or roll back together, so a write is never applied
-/// without its admission, nor an admission recorded for a write that rolled back.
-///
-/// One row per resource (`resource`, `nodes text[]`, `stamps bigint[]`) is locked with
-/// `SELECT … FOR UPDATE` by the admission function, so concurrent admissions on one resource
-/// serialise and each sees the high water its predecessor committed; different resources do
-/// not contend. The row lock is held until the caller's transaction ends: keep fenced
-/// transactions short.
-///
-/// Under `REPEATABLE READ` or `SERIALIZABLE` a concurrent admission on the same resource makes
-/// the later transaction fail with a serialization error (SQLSTATE 40001); retry it as usual.
-///
-/// ```no_run
-/// # async fn demo(client: &mut tokio_postgres::Client, token: &fencing::FenceToken)
-/// # -> Result<(), fencing::FenceError> {
-/// let fence = fencing::PgFence::new();
-/// fence.create_schema(&*client).await?; // once, at deployment
-/// let tx = client.transaction().await?;
-/// fence.admit(&tx, "orders:42", token).await?; // Err(Stale) → drop tx, nothing is written
-/// tx.execute("UPDATE orders SET state = 'paid' WHERE id = 42", &[]).await?;
-/// tx.commit().await?;
-/// # Ok(()) }
-/// ```
-#[derive(Debug, Clone)]
-pub struct PgFence {
-    table: String,
-    admit_sql: String,
-}
-
-impl Default for PgFence {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl PgFence {
-    /// A fence on [`DEFAULT_PG_TABLE`] in the search path.
-    pub fn new() -> Self {
-        Self::build(DEFAULT_PG_TABLE.to_owned())
-    }
-
-    /// A fence on `table` (`name` or `schema.name`, lower-case letters, digits and `_`,
-    /// at most 48 bytes per part, so that the function name `<table>_admit` is a valid
-    /// identifier).
-    ///
-    /// # Errors
-    ///
-    /// [`FenceError::InvalidConfig`] for any other name (names are spliced into SQL).
-    pub fn with_table(table: &str) -> Result<Self, FenceError> {
-        check_ident(table)?;
-        Ok(Self::build(table.to_owned()))
-    }
-
-    fn build(table: String) -> Self {
-        let admit_sql =
-            format!("SELECT verdict, hw_nodes, hw_stamps FROM {table}_admit($1, $2, $3)");
-        Self { table, admit_sql }
-    }
-
-    /// The table's name.
-    pub fn table(&self) -> &str {
-        &self.table
-    }
-
-    /// The DDL [`create_schema`](Self::create_schema) runs: the table, the admission function
-    /// `<table>_admit(resource, nodes, stamps)` returning `(verdict, hw_nodes, hw_stamps)`
-    /// (verdict 1 advanced, 2 repeated, -1 stale, -2 unrelated) and
-    /// `<table>_admit_or_raise(resource, nodes, stamps)`, which raises SQLSTATE `FN001`
-    /// (stale) or `FN002` (unrelated) instead, for fencing from plain SQL.
-    ///
-    /// Both raise SQLSTATE `FN003` for malformed lists, which are never admitted and change
-    /// nothing: NULL lists, lists of different lengths or not one-dimensional from index 1,
-    /// no claims or more than [`MAX_CLAIMS`], a NULL node name, an empty name beside other
-    /// claims (the empty name alone is a scalar token), a name longer than
-    /// [`MAX_NODE_NAME_LEN`] bytes, a NULL or negative stamp, a node named twice.
-    pub fn schema_sql(&self) -> String {
-        SCHEMA_SQL.replace("{table}", &self.table)
-    }
-
     /// Creates the table if it does not exist, and creates or replaces the functions: running
     /// it again on an existing deployment installs the current admission function.
     ///
@@ -116,6 +31,18 @@ impl PgFence {
 
     /// Checks `token` against `resource`'s high water and advances it, inside `tx`. Do the
     /// protected write in the same transaction, after this call; commit both together.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: &mut tokio_postgres::Client, token: &fencing::FenceToken)
+    /// # -> Result<(), fencing::FenceError> {
+    /// let fence = fencing::PgFence::new();
+    /// fence.create_schema(&*client).await?; // once, at deployment
+    /// let tx = client.transaction().await?;
+    /// fence.admit(&tx, "orders:42", token).await?; // Err(Stale) → drop tx, nothing is written
+    /// tx.execute("UPDATE orders SET state = 'paid' WHERE id = 42", &[]).await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///
@@ -137,15 +64,10 @@ impl PgFence {
         token: impl Into<TokenRef<'a>>,
     ) -> Result<Admission, FenceError> {
         let token = token.into();
-        token.validate()?;
-        let (nodes, stamps): (Vec<&str>, Vec<i64>) = token
-            .pairs()
-            // Stamps were checked against MAX_STAMP = i64::MAX.
-            .map(|(n, s)| (n, s as i64))
-            .unzip();
+        let (nodes, stamps) = Self::admit_params(token)?;
         let row = tx
             .query_typed_one(
-                &self.admit_sql,
+                self.admit_sql(),
                 &[
                     (&resource, Type::TEXT),
                     (&nodes, Type::TEXT_ARRAY),
@@ -153,28 +75,7 @@ impl PgFence {
                 ],
             )
             .await?;
-        let verdict: i16 = row.try_get(0)?;
-        let high_water = || -> Result<HighWater, FenceError> {
-            let nodes: Vec<String> = row.try_get(1)?;
-            let stamps: Vec<i64> = row.try_get(2)?;
-            high_water_from(nodes, stamps)
-        };
-        let verdict = match verdict {
-            1 => Ok(Admission::Advanced),
-            2 => Ok(Admission::Repeated),
-            -1 => Err(FenceError::Stale {
-                offered: token.to_token(),
-                high_water: high_water()?,
-            }),
-            -2 => Err(FenceError::Unrelated {
-                offered: token.to_token(),
-                high_water: high_water()?,
-            }),
-            other => Err(FenceError::UnexpectedReply {
-                reason: format!("admission function returned verdict {other}"),
-            }),
-        };
-        verdict.inspect_err(|e| crate::telemetry::rejected("postgres", e))
+        self.admission_from_row(token, row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)
     }
 
     /// `resource`'s high water as committed (or as seen by `client`'s transaction).
@@ -193,7 +94,7 @@ impl PgFence {
     ) -> Result<HighWater, FenceError> {
         let sql = format!(
             "SELECT nodes, stamps FROM {} WHERE resource = $1",
-            self.table
+            self.table()
         );
         match client
             .query_typed_opt(&sql, &[(&resource, Type::TEXT)])
@@ -217,17 +118,6 @@ impl From<tokio_postgres::Error> for FenceError {
             _ => FenceError::Postgres(err),
         }
     }
-}
-
-fn high_water_from(nodes: Vec<String>, stamps: Vec<i64>) -> Result<HighWater, FenceError> {
-    if nodes.len() != stamps.len() || stamps.iter().any(|&s| s < 0) {
-        return Err(FenceError::UnexpectedReply {
-            reason: "high-water row has mismatched or negative stamps".to_owned(),
-        });
-    }
-    Ok(HighWater::from_entries(
-        nodes.into_iter().zip(stamps.into_iter().map(|s| s as u64)),
-    ))
 }
 
 /// An authoritative monotonic source of [`ScalarToken`]s: a PostgreSQL sequence.
@@ -290,153 +180,3 @@ impl PgSequence {
             })
     }
 }
-
-fn check_ident(name: &str) -> Result<(), FenceError> {
-    let valid_part = |p: &str| {
-        !p.is_empty()
-            && p.len() <= 48
-            && p.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-            && !p.as_bytes()[0].is_ascii_digit()
-    };
-    let parts: Vec<&str> = name.split('.').collect();
-    if parts.len() <= 2 && parts.iter().all(|p| valid_part(p)) {
-        Ok(())
-    } else {
-        Err(FenceError::InvalidConfig {
-            reason: format!(
-                "{name:?} is not a plain lower-case SQL identifier (optionally schema-qualified)"
-            ),
-        })
-    }
-}
-
-/// `{table}` is replaced by the validated table name.
-///
-/// The function first rejects malformed lists with SQLSTATE `FN003` and a message
-/// `malformed fence token: …` that [`malformed_from_backend`] maps to a typed error; its caps
-/// (32 claims, 128-byte names) are [`MAX_CLAIMS`] and [`MAX_NODE_NAME_LEN`].
-///
-/// The high water of a resource is one row, so that `FOR UPDATE` on it serialises concurrent
-/// admissions. Before the resource's first admission the `INSERT … ON CONFLICT DO NOTHING`
-/// makes the row exist (a concurrent inserter waits on the unique index until the
-/// first commits), then the row lock orders everyone. Under READ COMMITTED each statement of
-/// the function takes a fresh snapshot, so the locked row is the latest committed version.
-const SCHEMA_SQL: &str = r"
-CREATE TABLE IF NOT EXISTS {table} (
-    resource text PRIMARY KEY,
-    nodes    text[]   NOT NULL,
-    stamps   bigint[] NOT NULL,
-    CHECK (cardinality(nodes) = cardinality(stamps))
-);
-
-CREATE OR REPLACE FUNCTION {table}_admit(p_resource text, p_nodes text[], p_stamps bigint[])
-RETURNS TABLE (verdict smallint, hw_nodes text[], hw_stamps bigint[])
-LANGUAGE plpgsql AS $fn$
-DECLARE
-    n        int;
-    h_nodes  text[];
-    h_stamps bigint[];
-    j        int;
-    shared   boolean := false;
-    same     boolean := true;
-BEGIN
-    -- Malformed input is rejected (SQLSTATE FN003) before the row is read or created: the
-    -- token caps of the Rust side, checked in the same order as the Redis script.
-    IF p_nodes IS NULL OR p_stamps IS NULL
-        OR cardinality(p_nodes) <> cardinality(p_stamps)
-        OR (cardinality(p_nodes) > 0 AND (
-            array_ndims(p_nodes) <> 1 OR array_ndims(p_stamps) <> 1
-            OR array_lower(p_nodes, 1) <> 1 OR array_lower(p_stamps, 1) <> 1)) THEN
-        RAISE EXCEPTION 'malformed fence token: node and stamp lists are missing, not flat, or of different lengths'
-            USING ERRCODE = 'FN003';
-    END IF;
-    n := cardinality(p_nodes);
-    IF n = 0 THEN
-        RAISE EXCEPTION 'malformed fence token: no claims' USING ERRCODE = 'FN003';
-    ELSIF n > 32 THEN
-        RAISE EXCEPTION 'malformed fence token: more than 32 claims' USING ERRCODE = 'FN003';
-    END IF;
-    FOR i IN 1 .. n LOOP
-        IF p_nodes[i] IS NULL THEN
-            RAISE EXCEPTION 'malformed fence token: claim %: NULL node name', i
-                USING ERRCODE = 'FN003';
-        ELSIF p_nodes[i] = '' AND n > 1 THEN
-            -- The empty name is a scalar token's, and a scalar token has one claim.
-            RAISE EXCEPTION 'malformed fence token: claim %: empty node name in a token of several claims', i
-                USING ERRCODE = 'FN003';
-        ELSIF octet_length(p_nodes[i]) > 128 THEN
-            RAISE EXCEPTION 'malformed fence token: claim %: node name longer than 128 bytes', i
-                USING ERRCODE = 'FN003';
-        ELSIF p_stamps[i] IS NULL OR p_stamps[i] < 0 THEN
-            RAISE EXCEPTION 'malformed fence token: claim %: stamp is not an integer from 0 to 2^63 - 1', i
-                USING ERRCODE = 'FN003';
-        ELSIF array_position(p_nodes, p_nodes[i]) < i THEN
-            RAISE EXCEPTION 'malformed fence token: claim %: node appears twice: %', i, p_nodes[i]
-                USING ERRCODE = 'FN003';
-        END IF;
-    END LOOP;
-
-    SELECT t.nodes, t.stamps INTO h_nodes, h_stamps
-        FROM {table} t WHERE t.resource = p_resource FOR UPDATE;
-    IF NOT FOUND THEN
-        INSERT INTO {table} (resource, nodes, stamps) VALUES (p_resource, '{}', '{}')
-            ON CONFLICT (resource) DO NOTHING;
-        SELECT t.nodes, t.stamps INTO h_nodes, h_stamps
-            FROM {table} t WHERE t.resource = p_resource FOR UPDATE;
-    END IF;
-
-    FOR i IN 1 .. n LOOP
-        j := array_position(h_nodes, p_nodes[i]);
-        IF j IS NULL THEN
-            same := false;
-        ELSE
-            shared := true;
-            IF p_stamps[i] < h_stamps[j] THEN
-                RETURN QUERY SELECT (-1)::smallint, h_nodes, h_stamps;
-                RETURN;
-            ELSIF p_stamps[i] > h_stamps[j] THEN
-                same := false;
-            END IF;
-        END IF;
-    END LOOP;
-
-    IF NOT shared AND cardinality(h_nodes) > 0 THEN
-        RETURN QUERY SELECT (-2)::smallint, h_nodes, h_stamps;
-        RETURN;
-    END IF;
-    IF same THEN
-        RETURN QUERY SELECT 2::smallint, h_nodes, h_stamps;
-        RETURN;
-    END IF;
-
-    -- Marks only rise: each becomes the maximum of itself and the token's stamp.
-    FOR i IN 1 .. n LOOP
-        j := array_position(h_nodes, p_nodes[i]);
-        IF j IS NULL THEN
-            h_nodes  := h_nodes  || p_nodes[i];
-            h_stamps := h_stamps || p_stamps[i];
-        ELSE
-            h_stamps[j] := GREATEST(h_stamps[j], p_stamps[i]);
-        END IF;
-    END LOOP;
-    UPDATE {table} SET nodes = h_nodes, stamps = h_stamps WHERE resource = p_resource;
-    RETURN QUERY SELECT 1::smallint, h_nodes, h_stamps;
-END
-$fn$;
-
-CREATE OR REPLACE FUNCTION {table}_admit_or_raise(p_resource text, p_nodes text[], p_stamps bigint[])
-RETURNS void
-LANGUAGE plpgsql AS $fn$
-DECLARE
-    v smallint;
-BEGIN
-    SELECT a.verdict INTO v FROM {table}_admit(p_resource, p_nodes, p_stamps) a;
-    IF v = -1 THEN
-        RAISE EXCEPTION 'stale fence token for %', p_resource USING ERRCODE = 'FN001';
-    ELSIF v = -2 THEN
-        RAISE EXCEPTION 'unrelated fence token for %', p_resource USING ERRCODE = 'FN002';
-    END IF;
-END
-$fn$;
-";

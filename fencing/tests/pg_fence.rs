@@ -661,3 +661,102 @@ async fn documented_query_finds_rows_damaged_by_unchecked_admissions() {
         ]
     );
 }
+
+/// A client other than tokio-postgres (sqlx, diesel, …) gets the statement, its parameters and
+/// the decoding from `PgFence` and runs them itself. Here tokio-postgres stands in for such a
+/// client: a plain `query_one` on the statement text, parameter types inferred by the server as
+/// with any prepared statement, and the row's three columns handed back for the verdict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_client_runs_the_admission_with_the_exposed_sql() {
+    async fn admit_raw(
+        tx: &redlock_testkit::tokio_postgres::Transaction<'_>,
+        fence: &PgFence,
+        resource: &str,
+        token: &FenceToken,
+    ) -> Result<Admission, FenceError> {
+        let (nodes, stamps) = PgFence::admit_params(token)?;
+        let row = tx
+            .query_one(fence.admit_sql(), &[&resource, &nodes, &stamps])
+            .await?;
+        fence.admission_from_row(token, row.get(0), row.get(1), row.get(2))
+    }
+
+    let pg = server().await;
+    let mut client = pg.connect().await.unwrap();
+    let fence = PgFence::with_table("raw_hw").unwrap();
+    // What a migration tool would run.
+    client.batch_execute(&fence.schema_sql()).await.unwrap();
+    client
+        .batch_execute(
+            "CREATE TABLE doc (id int PRIMARY KEY, body text); INSERT INTO doc VALUES (1, 'v0')",
+        )
+        .await
+        .unwrap();
+
+    let old = token("f1,a=10,b=10,c=10");
+    let new = token("f1,b=20,c=20,d=20");
+
+    // Advanced, with the business write in the same transaction.
+    let tx = client.transaction().await.unwrap();
+    assert_eq!(
+        admit_raw(&tx, &fence, "doc:1", &new).await.unwrap(),
+        Admission::Advanced
+    );
+    tx.execute("UPDATE doc SET body = 'new' WHERE id = 1", &[])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    // Repeated, then stale: the stale writer rolls back and its write never lands.
+    let tx = client.transaction().await.unwrap();
+    assert_eq!(
+        admit_raw(&tx, &fence, "doc:1", &new).await.unwrap(),
+        Admission::Repeated
+    );
+    match admit_raw(&tx, &fence, "doc:1", &old).await {
+        Err(FenceError::Stale { high_water, .. }) => {
+            assert_eq!(high_water, HighWater::from(&new));
+        }
+        other => panic!("expected Stale, got {other:?}"),
+    }
+    tx.execute("UPDATE doc SET body = 'stale' WHERE id = 1", &[])
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let body: String = client
+        .query_one("SELECT body FROM doc WHERE id = 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(body, "new");
+
+    // Unrelated, and the same verdicts as the tokio-postgres `admit` on the same high water.
+    let tx = client.transaction().await.unwrap();
+    let err = admit_raw(&tx, &fence, "doc:1", &token("f1,x=1,y=1"))
+        .await
+        .unwrap_err();
+    assert!(err.is_unrelated(), "{err}");
+    for t in [&old, &new, &token("f1,x=1,y=1"), &token("f1,b=30,c=30")] {
+        let raw = admit_raw(&tx, &fence, "doc:2", t).await;
+        let typed = fence.admit(&tx, "doc:3", t).await;
+        assert_eq!(
+            format!("{raw:?}").replace("doc:2", "doc:3"),
+            format!("{typed:?}"),
+            "{t}"
+        );
+    }
+    tx.rollback().await.unwrap();
+    assert_eq!(
+        fence.high_water(&client, "doc:1").await.unwrap(),
+        HighWater::from(&new)
+    );
+
+    // Parameters for a scalar token, and a verdict the function never returns.
+    let (nodes, stamps) = PgFence::admit_params(ScalarToken(7)).unwrap();
+    assert_eq!((nodes, stamps), (vec![""], vec![7]));
+    assert!(PgFence::admit_params(ScalarToken(u64::MAX)).is_err());
+    let err = fence
+        .admission_from_row(&new, 5, Vec::new(), Vec::new())
+        .unwrap_err();
+    assert!(matches!(err, FenceError::UnexpectedReply { .. }), "{err}");
+}
