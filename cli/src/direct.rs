@@ -85,6 +85,17 @@ impl Node {
         }
     }
 
+    /// A subscription connection, bounded by [`CONNECT_TIMEOUT`].
+    pub(crate) async fn pubsub(&self) -> Result<redis::aio::PubSub, String> {
+        let client = self.client.as_ref().map_err(Clone::clone)?;
+        match tokio::time::timeout(CONNECT_TIMEOUT + self.timeout, client.get_async_pubsub()).await
+        {
+            Ok(Ok(p)) => Ok(p),
+            Ok(Err(e)) => Err(self.error(&e)),
+            Err(_) => Err(format!("no connection within {CONNECT_TIMEOUT:?}")),
+        }
+    }
+
     /// A redis error as a message without the password.
     pub(crate) fn error(&self, e: &redis::RedisError) -> String {
         self.scrub(&e.to_string())
@@ -94,4 +105,13 @@ impl Node {
     pub(crate) fn scrub(&self, text: &str) -> String {
         scrub(text, &self.secrets)
     }
+}
+
+/// The value of `field` in an `INFO` reply.
+pub(crate) fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
+    info.lines().find_map(|line| {
+        line.strip_prefix(field)
+            .and_then(|rest| rest.strip_prefix(':'))
+            .map(str::trim)
+    })
 }

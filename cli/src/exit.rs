@@ -5,6 +5,8 @@ use std::fmt;
 
 /// Success.
 pub(crate) const OK: u8 = 0;
+/// `doctor` found at least one error-level problem.
+pub(crate) const DOCTOR_FAILED: u8 = 1;
 /// Bad command line or environment: unknown flag, bad duration, empty node list, bad URL
 /// (EX_USAGE).
 pub(crate) const USAGE: u8 = 64;
