@@ -82,7 +82,18 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
         }
     };
     spinner.stop();
-    let lock = acquired.map_err(|e| acquire_failure(settings, resource, args.wait, &e))?;
+    let lock = match acquired {
+        Ok(lock) => lock,
+        Err(e) => {
+            if e.nodes().iter().any(|n| n.outcome.may_hold()) {
+                // Nodes that granted (or whose answer is unknown) are released by a background
+                // task of the client; give it the time a request may take (a connection being
+                // opened included) before the process ends, or those keys live out their TTL.
+                tokio::time::sleep(rl.config().node_timeout * 5).await;
+            }
+            return Err(acquire_failure(settings, resource, args.wait, &e));
+        }
+    };
     let fence = lock.fence().map(|t| t.to_string());
     let guard = rl
         .guard(lock)

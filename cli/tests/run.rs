@@ -261,3 +261,33 @@ async fn quorum_unreachable_exits_69() {
         out.stderr
     );
 }
+
+#[tokio::test]
+async fn a_failed_attempt_releases_its_grants_before_exiting() {
+    let cluster = Cluster::start(3).await.unwrap();
+    // Node 0 grants; the paused pair never answers, so the attempt fails with its grant still
+    // to be released in the background.
+    cluster.node(1).pause();
+    cluster.node(2).pause();
+    let out = output(redlock([
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "x",
+        "--",
+        "true",
+    ]))
+    .await;
+    assert_eq!(out.code, Some(69), "{out:?}");
+    let left = cluster
+        .node(0)
+        .keys_with_pttl("redlock:lock:*")
+        .await
+        .unwrap();
+    cluster.node(1).resume();
+    cluster.node(2).resume();
+    assert!(
+        left.is_empty(),
+        "no key left on the node that granted: {left:?}"
+    );
+}
