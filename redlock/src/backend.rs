@@ -91,6 +91,20 @@ pub(crate) trait Backend: Send + Sync + 'static {
         i: usize,
         batch: Arc<Batch>,
     ) -> BoxFuture<'static, Result<Vec<Renewed>, NodeError>>;
+    /// How long `key` lives on node `i`: `None` when the node has no such key, `Duration::MAX`
+    /// for a key without expiry. A read (`PTTL`): it never creates, changes or deletes a key.
+    /// Backends without it answer with an error, which counts as an unknown outcome.
+    fn expiry(
+        &self,
+        i: usize,
+        key: Arc<str>,
+    ) -> BoxFuture<'static, Result<Option<Duration>, NodeError>> {
+        let _ = (i, key);
+        Box::pin(std::future::ready(Err(NodeError::new(
+            crate::error::NodeErrorKind::Server,
+            "this backend cannot read a key's expiry",
+        ))))
+    }
     /// A configuration error found after `build()` — the same server behind two of the
     /// configured addresses — after which the client must not count any vote.
     fn misconfigured(&self) -> Option<ConfigError> {

@@ -4,9 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::client::Redlock;
-use crate::config::{Config, RetryPolicy};
+use crate::config::{Config, RetryPolicy, check_ttl};
 use crate::core::Core;
-use crate::engine;
 use crate::error::{ConfigError, Error};
 use crate::node::{Identities, NodeKeys, RedisBackend, RedisNode};
 use crate::nodes::Nodes;
@@ -128,6 +127,15 @@ impl RedlockBuilder {
     /// Longest time a guard keeps renewing one lock. Default: [`DEFAULT_MAX_HOLD`](crate::DEFAULT_MAX_HOLD).
     pub fn max_hold(mut self, max: Duration) -> Self {
         self.config.max_hold = max;
+        self
+    }
+
+    /// Turns the max-hold limit off: guards renew until they are released, dropped, or the
+    /// lock is lost (sets [`Config::max_hold`] to `Duration::MAX`). For long-running holders
+    /// such as leader election or a job whose length is not known; a holder that hangs then
+    /// keeps the lock for as long as its process lives, so watch `redlock_leases_held`.
+    pub fn no_max_hold(mut self) -> Self {
+        self.config.max_hold = Duration::MAX;
         self
     }
 
@@ -289,25 +297,7 @@ fn validate(c: &Config) -> Result<(), Error> {
     if !(c.drift_factor.is_finite() && (0.0..0.5).contains(&c.drift_factor)) {
         return Err(ConfigError::InvalidDriftFactor(c.drift_factor).into());
     }
-    let ttl_err = |reason: &str| ConfigError::InvalidTtl {
-        ttl: c.ttl,
-        reason: reason.to_owned(),
-    };
-    if c.ttl < Duration::from_millis(1) {
-        return Err(ttl_err("must be at least 1 ms").into());
-    }
-    // Redis takes PX as a signed 64-bit count of ms; stay far from it.
-    if c.ttl > Duration::from_secs(365 * 24 * 3600) {
-        return Err(ttl_err("must be at most one year").into());
-    }
-    let drift = engine::drift(c.ttl, c.drift_factor);
-    if c.ttl <= drift + c.min_validity {
-        return Err(ttl_err(&format!(
-            "must exceed the drift allowance {drift:?} plus the minimum validity {:?}",
-            c.min_validity
-        ))
-        .into());
-    }
+    check_ttl(c.ttl, c.drift_factor, Duration::ZERO, c.min_validity)?;
     if c.node_timeout.is_zero() || c.node_timeout >= c.ttl {
         return Err(ConfigError::InvalidNodeTimeout {
             timeout: c.node_timeout,

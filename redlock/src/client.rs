@@ -1,17 +1,18 @@
 //! `Redlock`: the public client, a thin facade over `Core`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use futures_util::FutureExt;
 use futures_util::future::join_all;
 
 use crate::backend::Backend;
 use crate::config::{Config, RetryPolicy};
 use crate::core::Core;
-use crate::error::{Error, LostReason, NodeOutcome, NodeReport};
+use crate::error::{Error, NodeOutcome, NodeReport};
 use crate::lease::{Lease, LockGuard};
 use crate::lock::{Lock, ReleaseReport};
 use crate::nodes::Nodes;
+use crate::request::LockRequest;
 use crate::token::Token;
 
 /// A Redlock client over N independent Redis masters. Cheap to clone; `Send + Sync`.
@@ -81,7 +82,34 @@ impl Redlock {
             .collect()
     }
 
-    /// Acquires `resource`, retrying per the configured [`RetryPolicy`].
+    /// A request for a lock on `resource` with options of its own — TTL, how long to wait,
+    /// retry policy, minimum validity — taken with [`LockRequest::acquire`],
+    /// [`LockRequest::guard`] or [`LockRequest::with_lock`]. Options not set are the client's.
+    ///
+    /// ```no_run
+    /// # async fn demo(rl: redlock::Redlock) -> Result<(), redlock::Error> {
+    /// use std::time::Duration;
+    /// let guard = rl.lock("jobs:nightly").ttl(Duration::from_secs(30)).guard().await?;
+    /// // … renewed with its own 30 s TTL until released …
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn lock(&self, resource: &str) -> LockRequest {
+        LockRequest::new(Arc::clone(&self.core), vec![resource.to_owned()])
+    }
+
+    /// A request for one lock on several resources: on each node, all of them or none (one
+    /// script call). As [`Redlock::lock`] otherwise.
+    pub fn lock_many<I, S>(&self, resources: I) -> LockRequest
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        LockRequest::new(Arc::clone(&self.core), owned(resources))
+    }
+
+    /// Acquires `resource`, retrying per the configured [`RetryPolicy`]. The same as
+    /// `self.lock(resource).acquire()`.
     ///
     /// # Errors
     /// The last attempt's error: [`Error::Busy`], [`Error::QuorumUnreachable`] or
@@ -94,13 +122,12 @@ impl Redlock {
     /// or, for a request that was waiting for a connection being opened, until that connection
     /// is open (at most the connect timeout), when the release follows it.
     pub async fn acquire(&self, resource: &str) -> Result<Lock, Error> {
-        self.core
-            .acquire(vec![resource.to_owned()], &self.core.config.retry, None)
-            .await
+        self.lock(resource).acquire().await
     }
 
     /// Acquires several resources as one lock: on each node, all of them or none (one script
-    /// call). Retries per the configured policy.
+    /// call). Retries per the configured policy. The same as
+    /// `self.lock_many(resources).acquire()`.
     ///
     /// # Errors
     /// As [`Redlock::acquire`]; also
@@ -114,9 +141,7 @@ impl Redlock {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        self.core
-            .acquire(owned(resources), &self.core.config.retry, None)
-            .await
+        self.lock_many(resources).acquire().await
     }
 
     /// Acquires with an explicit retry policy for this call.
@@ -141,7 +166,8 @@ impl Redlock {
         self.core.acquire(owned(resources), policy, None).await
     }
 
-    /// Exactly one attempt, made at once: it neither joins nor waits for the queue of this
+    /// Exactly one attempt (`self.lock(resource).wait(Duration::ZERO).acquire()`), made at
+    /// once: it neither joins nor waits for the queue of this
     /// client's other acquirers of `resource` (which [`Redlock::acquire`] serves in FIFO order),
     /// so it can win while they are queued if the lock is free on the nodes at that moment.
     ///
@@ -152,9 +178,7 @@ impl Redlock {
     /// # Cancel safety
     /// As [`Redlock::acquire`].
     pub async fn try_acquire(&self, resource: &str) -> Result<Lock, Error> {
-        self.core
-            .acquire(vec![resource.to_owned()], &RetryPolicy::once(), None)
-            .await
+        self.lock(resource).wait(Duration::ZERO).acquire().await
     }
 
     /// Exactly one attempt on several resources (all-or-nothing per node).
@@ -169,8 +193,9 @@ impl Redlock {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        self.core
-            .acquire(owned(resources), &RetryPolicy::once(), None)
+        self.lock_many(resources)
+            .wait(Duration::ZERO)
+            .acquire()
             .await
     }
 
@@ -256,7 +281,9 @@ impl Redlock {
     }
 
     /// Acquires `resource` (retrying per policy), runs `work` with a [`Lease`] while the lock is
-    /// renewed, and releases it on every exit path — success, error, panic or loss.
+    /// renewed, and releases it on every exit path — success, error, panic or loss. The same as
+    /// `self.lock(resource).with_lock(work)`; use [`Redlock::lock`] for per-lock options or
+    /// several resources.
     ///
     /// If the lock is lost while `work` runs (renewal failed, validity passed, max hold reached),
     /// `work` is dropped at its next await point and the call returns [`Error::LockLost`]. A panic
@@ -272,27 +299,33 @@ impl Redlock {
         F: FnOnce(Lease) -> Fut,
         Fut: Future<Output = T>,
     {
-        let lock = self.acquire(resource).await?;
-        let guard = self.core.guard(lock);
-        let lease = guard.lease();
-        let work = std::panic::AssertUnwindSafe(work(lease.clone())).catch_unwind();
-        let outcome = tokio::select! {
-            biased;
-            reason = lease.lost() => Err(reason),
-            done = work => Ok(done),
-        };
-        let released = guard.release().await;
-        if let Err(e) = &released {
-            tracing::warn!(error = %e, "with_lock: release after the work failed; the lock expires with its TTL");
-        }
-        match outcome {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(panic)) => std::panic::resume_unwind(panic),
-            Err(LostReason::Released) => Err(Error::LockLost {
-                reason: LostReason::Released,
-            }),
-            Err(reason) => Err(Error::LockLost { reason }),
-        }
+        self.lock(resource).with_lock(work).await
+    }
+
+    /// Waits until `resource` is not held — no quorum of nodes has a key for it — without
+    /// taking it. Returns at once when it is free now. For single-flight work such as a cache
+    /// rebuild: one task takes the lock and rebuilds; the others wait here for it instead of
+    /// each taking the lock in turn, then read what it built.
+    ///
+    /// It reads the keys' remaining TTLs (`PTTL`; an ACL user needs `+pttl`) and never
+    /// creates, changes or deletes a key. After the first check it subscribes to the
+    /// resource's release notifications (as waiting acquirers do) and checks again on each one,
+    /// and also when the holders' keys would expire if not renewed, and at least every second:
+    /// a notification that is lost costs at most that, never the whole timeout.
+    ///
+    /// "Not held" is a moment, not a promise: another client may take the lock right after.
+    /// On simulated nodes (`build_simulated`) the keys cannot be read, and it waits out the
+    /// timeout.
+    ///
+    /// # Errors
+    /// [`Error::WaitTimedOut`] when the resource was still held (or too few nodes answered
+    /// to tell) after `timeout`; [`Error::InvalidResource`] for a bad name; [`Error::Config`]
+    /// for a client found misconfigured on connecting.
+    ///
+    /// # Cancel safety
+    /// Safe: it only reads and listens.
+    pub async fn wait_released(&self, resource: &str, timeout: Duration) -> Result<(), Error> {
+        self.core.wait_released(resource, timeout).await
     }
 
     /// Opens the connection to every node now instead of on first use, waiting up to the

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::error::ConfigError;
+
 /// Default lock time-to-live: 10 s.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
 /// Default clock drift factor: 1 % of the TTL (plus a constant 2 ms).
@@ -31,6 +33,39 @@ pub const DEFAULT_RETRY_ATTEMPTS: u32 = 10;
 pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(100);
 /// Default jitter: the delay is drawn uniformly from `delay ± jitter/2`.
 pub const DEFAULT_RETRY_JITTER: Duration = Duration::from_millis(100);
+
+/// The TTL checks shared by `build()` and [`LockRequest`](crate::LockRequest): at least 1 ms,
+/// at most one year (Redis takes `PX` as a signed 64-bit count of ms; stay far from it), and
+/// above the drift allowance plus the minimum validity — plus, for a single lock, the node
+/// timeout, so that an acquisition that took as long as the nodes may take still leaves
+/// validity. (`build()` passes a zero `node_timeout` and checks the node timeout against the
+/// TTL on its own.)
+pub(crate) fn check_ttl(
+    ttl: Duration,
+    drift_factor: f64,
+    node_timeout: Duration,
+    min_validity: Duration,
+) -> Result<(), ConfigError> {
+    let ttl_err = |reason: String| ConfigError::InvalidTtl { ttl, reason };
+    if ttl < Duration::from_millis(1) {
+        return Err(ttl_err("must be at least 1 ms".to_owned()));
+    }
+    if ttl > Duration::from_secs(365 * 24 * 3600) {
+        return Err(ttl_err("must be at most one year".to_owned()));
+    }
+    let drift = crate::engine::drift(ttl, drift_factor);
+    if ttl <= node_timeout + drift + min_validity {
+        let timeout = if node_timeout.is_zero() {
+            String::new()
+        } else {
+            format!("the node timeout {node_timeout:?} plus ")
+        };
+        return Err(ttl_err(format!(
+            "must exceed {timeout}the drift allowance {drift:?} plus the minimum validity {min_validity:?}"
+        )));
+    }
+    Ok(())
+}
 
 /// Everything a [`Redlock`](crate::Redlock) needs besides its nodes.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,6 +98,8 @@ pub struct Config {
     /// is scheduled 0–20 % early at random, so locks taken together spread out. Default: `None`.
     pub renew_every: Option<Duration>,
     /// Longest a guard renews a lock; after that its lost signal fires and renewal stops.
+    /// `Duration::MAX` turns the limit off (the guard renews until it is released or the lock
+    /// is lost; see [`RedlockBuilder::no_max_hold`](crate::RedlockBuilder::no_max_hold)).
     /// Default: [`DEFAULT_MAX_HOLD`].
     pub max_hold: Duration,
     /// When set, a node whose server restarted — or lost its identity record (its data) — less

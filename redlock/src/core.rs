@@ -3,6 +3,7 @@
 //! tests can run it on fakes.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -11,7 +12,7 @@ use crate::backend::{Backend, Op};
 use crate::claim::Claim;
 use crate::config::{Config, MAX_RESOURCES_PER_LOCK, RetryPolicy};
 use crate::engine::{self, Goal, Judge, Phase};
-use crate::error::{Error, NodeOutcome, Phase as PhaseName, ResourceError};
+use crate::error::{Error, LostReason, NodeOutcome, Phase as PhaseName, ResourceError};
 use crate::lease::{Held, LockGuard, Releaser};
 use crate::lock::{self, Deadline, Lock, ReleaseReport};
 use crate::renewal::Renewer;
@@ -21,6 +22,33 @@ use crate::waiters::{Interest, Waiters};
 
 /// A shared, immutable list of resource names or keys.
 type Names = Arc<[String]>;
+
+/// The terms one lock is taken on: the TTL the nodes get (`PX`), from which validity is
+/// computed and which renewals re-arm, and the validity every phase of the lock must leave.
+/// The client's configuration gives the defaults; a [`LockRequest`](crate::LockRequest) may
+/// set its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Terms {
+    pub(crate) ttl: Duration,
+    pub(crate) min_validity: Duration,
+}
+
+/// Longest time `wait_released` goes without probing the nodes: it bounds what a lost release
+/// notification costs.
+pub(crate) const RECHECK: Duration = Duration::from_secs(1);
+
+/// What a probe of the nodes found about one key.
+enum Probe {
+    /// No quorum can hold it.
+    Free,
+    /// It may be held: `held` nodes have the key, `unknown` did not answer; `free_at` is when
+    /// enough of the keys expire that no quorum holds it, unless they are renewed.
+    Held {
+        held: usize,
+        unknown: usize,
+        free_at: Option<Instant>,
+    },
+}
 
 /// The protocol, generic over its nodes so the algorithm tests can run it on fakes.
 pub(crate) struct Core<B> {
@@ -61,6 +89,14 @@ impl<B: Backend> Core<B> {
             .iter()
             .map(|r| format!("{}{r}", self.channel_prefix))
             .collect()
+    }
+
+    /// The client's default terms.
+    pub(crate) fn terms(&self) -> Terms {
+        Terms {
+            ttl: self.config.ttl,
+            min_validity: self.config.min_validity,
+        }
     }
 
     pub(crate) fn quorum(&self) -> usize {
@@ -164,9 +200,10 @@ impl<B: Backend> Core<B> {
         keys: &Arc<[String]>,
         token: Token,
         rearm: bool,
+        terms: Terms,
     ) -> Result<Lock, Error> {
         self.usable()?;
-        let ttl = self.config.ttl;
+        let ttl = terms.ttl;
         let started = Instant::now();
         let op = Arc::new(Op::Acquire {
             stamped: self.config.claim_stamps,
@@ -199,11 +236,10 @@ impl<B: Backend> Core<B> {
             return Err(e);
         }
         // Validity counts from before the first request: TTL − elapsed − drift.
-        let valid_for = match Judge::new(PhaseName::Acquire, ttl, &self.config).judge(
-            &d,
-            &*self.backend,
-            started.elapsed(),
-        ) {
+        let valid_for = match Judge::new(PhaseName::Acquire, ttl, &self.config)
+            .min_validity(terms.min_validity)
+            .judge(&d, &*self.backend, started.elapsed())
+        {
             Ok(valid_for) => valid_for,
             Err(e) => {
                 phase.abandon();
@@ -218,6 +254,7 @@ impl<B: Backend> Core<B> {
             keys: Arc::clone(keys),
             token,
             ttl,
+            min_validity: terms.min_validity,
             valid_until: Deadline::after(started, valid_for),
             claims,
             granted: Some(granted),
@@ -226,12 +263,25 @@ impl<B: Backend> Core<B> {
         })
     }
 
-    /// Attempts per `policy`, a fresh token each time unless `token` is given.
+    /// Attempts per `policy` on the client's default terms, a fresh token each time unless
+    /// `token` is given.
     pub(crate) async fn acquire(
         &self,
         resources: Vec<String>,
         policy: &RetryPolicy,
         token: Option<&Token>,
+    ) -> Result<Lock, Error> {
+        self.acquire_on(resources, policy, token, self.terms())
+            .await
+    }
+
+    /// Attempts per `policy` on `terms`, a fresh token each time unless `token` is given.
+    pub(crate) async fn acquire_on(
+        &self,
+        resources: Vec<String>,
+        policy: &RetryPolicy,
+        token: Option<&Token>,
+        terms: Terms,
     ) -> Result<Lock, Error> {
         let (resources, keys) = self.keys(resources)?;
         let span = tracing::debug_span!("redlock.acquire", resources = ?&*resources, nodes = self.backend.len());
@@ -271,7 +321,7 @@ impl<B: Backend> Core<B> {
                     n.as_mut().enable();
                 }
                 let attempt_started = Instant::now();
-                let result = self.attempt(&resources, &keys, token, fixed).await;
+                let result = self.attempt(&resources, &keys, token, fixed, terms).await;
                 let round_trip = attempt_started.elapsed();
                 let err = match result {
                     Ok(lock) => {
@@ -359,6 +409,7 @@ impl<B: Backend> Core<B> {
             let d = phase.decided().await;
             // The new validity counts from the extension's start, never from the old deadline.
             let valid_for = Judge::new(PhaseName::Extend, ttl, &self.config)
+                .min_validity(lock.min_validity)
                 .judge(&d, &*self.backend, started.elapsed())
                 .inspect_err(|_| {
                     let refused = d.count(|o| matches!(o, NodeOutcome::Refused));
@@ -436,6 +487,105 @@ impl<B: Backend> Core<B> {
         .await
     }
 
+    /// Whether `key` is free now: enough nodes confirmed they have no such key that no quorum
+    /// can hold it (N − quorum + 1, decided as soon as they answered). Otherwise, how many
+    /// nodes held it, how many did not answer, and when (on the monotonic clock) it would be
+    /// free if nobody renews it. Reads only.
+    async fn probe(&self, key: &Arc<str>) -> Probe {
+        let n = self.backend.len();
+        let needed = engine::needed(Goal::NoQuorumLeft, n);
+        let mut calls: futures_util::stream::FuturesUnordered<_> = (0..n)
+            .map(|i| {
+                let call = self.backend.expiry(i, Arc::clone(key));
+                tokio::time::timeout(self.backend.budget(i), call)
+            })
+            .collect();
+        let started = Instant::now();
+        let mut absent = 0;
+        let mut expiries = Vec::new();
+        let mut unknown = 0;
+        while let Some(answer) = futures_util::StreamExt::next(&mut calls).await {
+            match answer {
+                Ok(Ok(None)) => absent += 1,
+                Ok(Ok(Some(left))) => expiries.push(left),
+                Ok(Err(_)) | Err(_) => unknown += 1,
+            }
+            if absent >= needed {
+                return Probe::Free;
+            }
+        }
+        // Free once `needed - absent` of the holding nodes' keys expired, absent renewals.
+        expiries.sort();
+        let free_at = expiries
+            .get(needed - absent - 1)
+            .filter(|left| **left != Duration::MAX)
+            .map(|left| started + *left);
+        Probe::Held {
+            held: expiries.len(),
+            unknown,
+            free_at,
+        }
+    }
+
+    /// Waits until no quorum holds `resource`, without taking it: probes the nodes now, then
+    /// again on every release notification and at the latest [`RECHECK`] later (sooner when
+    /// the holders' keys expire sooner), until `timeout` has passed.
+    pub(crate) async fn wait_released(
+        &self,
+        resource: &str,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        let (resources, keys) = self.keys(vec![resource.to_owned()])?;
+        self.usable()?;
+        let key: Arc<str> = Arc::from(keys[0].as_str());
+        let started = Instant::now();
+        let deadline = lock::far_after(started, timeout);
+        let mut interest: Option<Interest> = None;
+        loop {
+            // Listen before probing, so a release between the probe and the wait counts.
+            let notify = interest.as_ref().map(|i| Arc::clone(&i.notify));
+            let mut notified = notify.as_ref().map(|n| Box::pin(n.notified()));
+            if let Some(n) = notified.as_mut() {
+                n.as_mut().enable();
+            }
+            let (held, unknown, free_at) = match self.probe(&key).await {
+                Probe::Free => return Ok(()),
+                Probe::Held {
+                    held,
+                    unknown,
+                    free_at,
+                } => (held, unknown, free_at),
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::WaitTimedOut {
+                    resource: resources[0].clone(),
+                    waited: now - started,
+                    held,
+                    unknown,
+                });
+            }
+            if interest.is_none()
+                && let Some(waiters) = &self.waiters
+            {
+                // Subscribe, then probe again at once: the holder may have left meanwhile.
+                let channel = format!("{}{}", self.channel_prefix, resources[0]);
+                interest = Some(waiters.interest(&channel).await);
+                continue;
+            }
+            let recheck = free_at
+                .map_or(RECHECK, |at| {
+                    at.saturating_duration_since(now) + Duration::from_millis(1)
+                })
+                .min(RECHECK);
+            let until = (now + recheck).min(deadline);
+            crate::det::select! {
+                () = async { if let Some(n) = notified { n.await } else { std::future::pending().await } } => {}
+                () = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
+
     /// Turns a lock into a renewed guard, starting the renewal driver if needed.
     pub(crate) fn guard(self: &Arc<Self>, lock: Lock) -> LockGuard {
         let held = self.renewer.hold(lock);
@@ -444,8 +594,8 @@ impl<B: Backend> Core<B> {
 }
 
 impl<B: Backend> Releaser for Core<B> {
-    fn finish(&self, held: &Arc<Held>) {
-        self.renewer.finish(held);
+    fn finish(&self, held: &Arc<Held>, reason: LostReason) {
+        self.renewer.finish(held, reason);
     }
 
     fn release_held(

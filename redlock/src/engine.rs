@@ -142,6 +142,12 @@ impl Judge {
         }
     }
 
+    /// The same rule with the lock's own minimum validity instead of the client's.
+    pub(crate) fn min_validity(mut self, min_validity: Duration) -> Self {
+        self.min_validity = min_validity;
+        self
+    }
+
     /// The span from the phase's start for which the lock is valid, given that the phase was
     /// decided `elapsed` after its start; or the error. Counts contention, split votes and
     /// extensions.

@@ -228,6 +228,22 @@ pub enum Error {
         /// The node list of this client.
         client_nodes: String,
     },
+    /// [`Redlock::wait_released`](crate::Redlock::wait_released) ran out of time: the
+    /// resource was still held (or too many nodes did not answer to tell) when its timeout
+    /// passed.
+    #[error(
+        "waited {waited:?} for {resource:?} to be released: still held on {held} nodes ({unknown} did not answer)"
+    )]
+    WaitTimedOut {
+        /// The resource waited for.
+        resource: String,
+        /// Time from the call's start to giving up.
+        waited: Duration,
+        /// Nodes that held a key for it at the last check.
+        held: usize,
+        /// Nodes that did not answer at the last check.
+        unknown: usize,
+    },
     /// The operating system's random source failed while generating a token.
     #[error("could not generate a lock token: {0}")]
     Entropy(getrandom::Error),
@@ -242,6 +258,11 @@ impl Error {
     /// Too many nodes unreachable.
     pub fn is_quorum_unreachable(&self) -> bool {
         matches!(self, Self::QuorumUnreachable { .. })
+    }
+
+    /// A wait ran out of its time ([`Error::WaitTimedOut`]).
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Self::WaitTimedOut { .. })
     }
 
     /// The lock was lost.
@@ -423,6 +444,9 @@ pub enum LostReason {
     MaxHold,
     /// The lock was released (or its guard dropped).
     Released,
+    /// Renewal was stopped by [`LockGuard::stop_renewal`](crate::LockGuard::stop_renewal): the
+    /// keys stay on the nodes until their TTL, held by the returned [`Lock`](crate::Lock).
+    RenewalStopped,
 }
 
 impl fmt::Display for LostReason {
@@ -432,6 +456,7 @@ impl fmt::Display for LostReason {
             Self::ExtendFailed(e) => write!(f, "extension failed: {e}"),
             Self::MaxHold => f.write_str("maximum hold time reached"),
             Self::Released => f.write_str("released"),
+            Self::RenewalStopped => f.write_str("renewal stopped; the keys stay until their TTL"),
         }
     }
 }

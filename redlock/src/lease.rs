@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::claim::Claim;
 use crate::error::{Error, LostReason};
-use crate::lock::{Deadline, ReleaseReport};
+use crate::lock::{Deadline, Lock, ReleaseReport};
 use crate::token::Token;
 
 /// State shared by a guard, its leases and the renewal driver.
@@ -20,8 +20,14 @@ pub(crate) struct Held {
     pub(crate) keys: Arc<[String]>,
     pub(crate) token: Token,
     pub(crate) ttl: Duration,
+    /// The validity every renewal must leave (the lock's own).
+    pub(crate) min_validity: Duration,
     /// The client instance that took the lock.
     pub(crate) taker: u64,
+    /// The node list of the client that took the lock.
+    pub(crate) origin: Arc<str>,
+    /// Every grant's claim, for the fence token.
+    pub(crate) granted: Option<crate::engine::Granted>,
     /// How often this lock is renewed (from its own TTL).
     pub(crate) every: Duration,
     pub(crate) claims: Vec<Claim>,
@@ -65,6 +71,22 @@ impl Held {
             tracing::debug!(token = %self.token, reason = %self.reason.get().map(ToString::to_string).unwrap_or_default(), "lease lost");
         }
         self.lost.cancel();
+    }
+
+    /// The lock again, as plain data: what it holds, how long it stays valid, its claims.
+    pub(crate) fn to_lock(&self) -> Lock {
+        Lock {
+            resources: Arc::clone(&self.resources),
+            keys: Arc::clone(&self.keys),
+            token: self.token.clone(),
+            ttl: self.ttl,
+            min_validity: self.min_validity,
+            valid_until: self.valid_until(),
+            claims: self.claims.clone(),
+            granted: self.granted.clone(),
+            origin: Arc::clone(&self.origin),
+            taker: self.taker,
+        }
     }
 }
 
@@ -141,6 +163,19 @@ impl Lease {
     pub fn claims(&self) -> &[Claim] {
         &self.held.claims
     }
+
+    /// The lock's fencing token, as [`Lock::fence`] gives it: the claims of every node that
+    /// granted it. Pass it with each write to the protected resource (`docs/fencing.md`).
+    ///
+    /// `None` when the lock has no claims (`claim_stamps(false)`) or they cannot form a token.
+    pub fn fence(&self) -> Option<fencing::FenceToken> {
+        crate::lock::fence_of(self.held.granted.as_ref(), &self.held.claims)
+    }
+
+    /// The lock's TTL: what every node was given, and what every renewal re-arms.
+    pub fn ttl(&self) -> Duration {
+        self.held.ttl
+    }
 }
 
 /// A lock that renews itself until it is released, lost, or held for `max_hold`.
@@ -195,8 +230,28 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<ReleaseReport, Error> {
         self.released = true;
         let held = Arc::clone(&self.lease.held);
-        self.core.finish(&held);
+        self.core.finish(&held, LostReason::Released);
         self.core.release_held(held).await
+    }
+
+    /// Stops renewing and hands the lock back as a plain [`Lock`]: nothing is deleted, and the
+    /// keys stay on the nodes until their TTL runs out (counted from the last renewal). For a
+    /// job that must run at most once per time slot: keep the lock after the work so that no
+    /// other worker runs the same slot again before it ends.
+    ///
+    /// The leases of this guard fire their lost signal with [`LostReason::RenewalStopped`]
+    /// (they are views of a renewed lock, and it is no longer renewed). The returned lock keeps
+    /// the validity of the last renewal ([`Lock::remaining`]); it can still be released early
+    /// with [`Redlock::release`](crate::Redlock::release) or extended with
+    /// [`Redlock::extend`](crate::Redlock::extend), and dropping it deletes nothing.
+    ///
+    /// A renewal already in flight when this is called may still land on the nodes and re-arm
+    /// the TTL once more; the returned lock's validity does not count it (it never overstates).
+    pub fn stop_renewal(mut self) -> Lock {
+        self.released = true;
+        let held = Arc::clone(&self.lease.held);
+        self.core.finish(&held, LostReason::RenewalStopped);
+        held.to_lock()
     }
 }
 
@@ -206,7 +261,7 @@ impl Drop for LockGuard {
             return;
         }
         let held = Arc::clone(&self.lease.held);
-        self.core.finish(&held);
+        self.core.finish(&held, LostReason::Released);
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 let core = Arc::clone(&self.core);
@@ -225,8 +280,8 @@ impl Drop for LockGuard {
 
 /// What a guard needs from its client, without naming the backend type.
 pub(crate) trait Releaser: Send + Sync + 'static {
-    /// Marks the lease done, stops its renewal and fires `Released`.
-    fn finish(&self, held: &Arc<Held>);
+    /// Marks the lease done, stops its renewal and fires `reason`.
+    fn finish(&self, held: &Arc<Held>, reason: LostReason);
     /// Owner-checked release of the held lock.
     fn release_held(
         &self,

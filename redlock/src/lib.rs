@@ -17,6 +17,7 @@ mod node;
 mod nodes;
 mod pubsub;
 mod renewal;
+mod request;
 mod scripts;
 #[cfg(feature = "simulation")]
 pub mod sim;
@@ -37,6 +38,9 @@ pub use error::{
     ConfigError, Error, LostReason, NodeError, NodeErrorKind, NodeOutcome, NodeReport, Phase,
     ResourceError,
 };
+/// The fencing token of a lock ([`Lock::fence`], [`Lease::fence`]), from the `fencing` crate.
+pub use fencing::FenceToken;
 pub use lease::{Lease, LockGuard};
 pub use lock::{Lock, ReleaseReport};
+pub use request::LockRequest;
 pub use token::{TOKEN_BYTES, Token};

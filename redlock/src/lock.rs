@@ -139,6 +139,8 @@ pub struct Lock {
     pub(crate) keys: Arc<[String]>,
     pub(crate) token: Token,
     pub(crate) ttl: Duration,
+    /// The validity every phase of this lock must leave (its request's, or the client's).
+    pub(crate) min_validity: Duration,
     pub(crate) valid_until: Deadline,
     pub(crate) claims: Vec<Claim>,
     /// Every grant's claim, those that arrived after the quorum decision included.
@@ -209,15 +211,23 @@ impl Lock {
     /// token: more than [`fencing::MAX_CLAIMS`] nodes, or a node name that is empty or longer
     /// than [`fencing::MAX_NODE_NAME_LEN`] bytes.
     pub fn fence(&self) -> Option<fencing::FenceToken> {
-        let all = self.granted.as_ref().map(crate::engine::Granted::claims);
-        let claims = all.as_deref().unwrap_or(&self.claims);
-        if claims.is_empty() {
-            return None;
-        }
-        fencing::FenceToken::new(claims.iter().map(|c| (Arc::clone(&c.node), c.stamp_us)))
-            .map_err(|e| tracing::warn!(error = %e, "lock claims do not form a fence token"))
-            .ok()
+        fence_of(self.granted.as_ref(), &self.claims)
     }
+}
+
+/// The fence token of a grant: every claim received so far (`granted`), else the quorum's.
+pub(crate) fn fence_of(
+    granted: Option<&crate::engine::Granted>,
+    claims: &[Claim],
+) -> Option<fencing::FenceToken> {
+    let all = granted.map(crate::engine::Granted::claims);
+    let claims = all.as_deref().unwrap_or(claims);
+    if claims.is_empty() {
+        return None;
+    }
+    fencing::FenceToken::new(claims.iter().map(|c| (Arc::clone(&c.node), c.stamp_us)))
+        .map_err(|e| tracing::warn!(error = %e, "lock claims do not form a fence token"))
+        .ok()
 }
 
 /// What `release` found on each node.

@@ -82,6 +82,19 @@ impl Backend for Nodes {
     }
 
     #[inline]
+    fn expiry(
+        &self,
+        i: usize,
+        key: Arc<str>,
+    ) -> BoxFuture<'static, Result<Option<Duration>, NodeError>> {
+        match self {
+            Self::Redis(b) => b.expiry(i, key),
+            #[cfg(feature = "simulation")]
+            Self::Sim(b) => b.expiry(i, key),
+        }
+    }
+
+    #[inline]
     fn misconfigured(&self) -> Option<ConfigError> {
         match self {
             Self::Redis(b) => b.misconfigured(),

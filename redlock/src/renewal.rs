@@ -110,7 +110,10 @@ impl<B: Backend> Renewer<B> {
             keys: lock.keys,
             token: lock.token,
             ttl: lock.ttl,
+            min_validity: lock.min_validity,
             taker: lock.taker,
+            origin: lock.origin,
+            granted: lock.granted,
             every,
             claims: lock.claims,
             valid_until: Mutex::new(lock.valid_until),
@@ -142,11 +145,11 @@ impl<B: Backend> Renewer<B> {
         held
     }
 
-    /// Marks the lease done, stops its renewal and fires `Released`.
-    pub(crate) fn finish(&self, held: &Held) {
+    /// Marks the lease done, stops its renewal and fires `reason`.
+    pub(crate) fn finish(&self, held: &Held, reason: LostReason) {
         *held.done.lock().unwrap_or_else(PoisonError::into_inner) = true;
         self.renewals.remove(held.id);
-        held.fire(LostReason::Released);
+        held.fire(reason);
     }
 }
 
@@ -357,11 +360,9 @@ impl<B: Backend> Renewer<B> {
                 needed: quorum,
             };
             // The lock's own TTL: the one this batch sent the nodes.
-            let result = Judge::new(Phase::Extend, held.ttl, &self.config).judge(
-                &decision,
-                &*self.backend,
-                elapsed,
-            );
+            let result = Judge::new(Phase::Extend, held.ttl, &self.config)
+                .min_validity(held.min_validity)
+                .judge(&decision, &*self.backend, elapsed);
             if held.is_done() || held.lost.is_cancelled() {
                 continue;
             }

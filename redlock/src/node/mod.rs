@@ -726,6 +726,32 @@ impl RedisNode {
         }
     }
 
+    /// `PTTL key`: `None` when the key is missing, `Duration::MAX` when it has no expiry. A
+    /// read on the open connection, outside the group commit (its order against other
+    /// requests does not matter).
+    pub(crate) fn expiry(
+        self: &Arc<Self>,
+        key: Arc<str>,
+    ) -> BoxFuture<'static, Result<Option<Duration>, NodeError>> {
+        let node = Arc::clone(self);
+        self.with_live(move |live| {
+            async move {
+                let mut conn = live.conn.clone();
+                let ms: i64 = redis::cmd("PTTL")
+                    .arg(&*key)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| node.failed(&live, &e, ""))?;
+                Ok(match ms {
+                    -2 => None,
+                    ms if ms < 0 => Some(Duration::MAX),
+                    ms => Some(Duration::from_millis(ms.unsigned_abs())),
+                })
+            }
+            .boxed()
+        })
+    }
+
     /// One batched renewal call.
     pub(crate) fn extend_many(
         self: &Arc<Self>,
@@ -889,6 +915,14 @@ impl Backend for RedisBackend {
         batch: Arc<Batch>,
     ) -> BoxFuture<'static, Result<Vec<Renewed>, NodeError>> {
         self.nodes[i].extend_many(batch)
+    }
+
+    fn expiry(
+        &self,
+        i: usize,
+        key: Arc<str>,
+    ) -> BoxFuture<'static, Result<Option<Duration>, NodeError>> {
+        self.nodes[i].expiry(key)
     }
 
     fn misconfigured(&self) -> Option<ConfigError> {

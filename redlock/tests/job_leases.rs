@@ -1,0 +1,123 @@
+//! Leases for job runners on real nodes: the fence token of a lease, `stop_renewal` (keep the
+//! lock until its TTL, nothing deleted) and turning `max_hold` off.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::no_lock_keys_within;
+use redlock::{FenceToken, LostReason, Redlock, RetryPolicy};
+use redlock_testkit::Cluster;
+
+fn client(cluster: &Cluster, ttl: Duration) -> redlock::RedlockBuilder {
+    Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(ttl)
+        .node_timeout(Duration::from_millis(100))
+        .retry(RetryPolicy::deadline(Duration::from_secs(5)))
+}
+
+/// PTTL of `key` on every node (−2 = missing).
+async fn pttls(cluster: &Cluster, key: &str) -> Vec<i64> {
+    let mut out = Vec::new();
+    for node in cluster.nodes() {
+        let mut c = node.connection().await.expect("direct connection");
+        out.push(
+            redis::cmd("PTTL")
+                .arg(key)
+                .query_async(&mut c)
+                .await
+                .expect("PTTL"),
+        );
+    }
+    out
+}
+
+/// After `stop_renewal` the keys stay (dropping the returned lock deletes nothing), their PTTL
+/// only counts down — no renewal re-arms them — and they are gone once the TTL has run out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_renewal_leaves_the_key_counting_down() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = client(&cluster, Duration::from_millis(900))
+        .build()
+        .unwrap();
+    let guard = rl.lock("cron:slot").guard().await.unwrap();
+    let lease = guard.lease();
+    // A few renewals (every ~300 ms) happen first.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(!lease.is_lost());
+    let fence: FenceToken = lease.fence().expect("claims form a token");
+
+    let lock = guard.stop_renewal();
+    assert_eq!(lock.fence(), Some(fence));
+    assert!(lock.remaining() > Duration::ZERO);
+    let reason = tokio::time::timeout(Duration::from_secs(1), lease.lost())
+        .await
+        .expect("the lease's signal fires");
+    assert!(matches!(reason, LostReason::RenewalStopped), "{reason}");
+    drop(lock);
+
+    // A renewal already in flight may still land: start reading a little later.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut last = pttls(&cluster, "redlock:lock:cron:slot").await;
+    assert!(last.iter().all(|p| *p > 0), "keys gone at once: {last:?}");
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(500) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = pttls(&cluster, "redlock:lock:cron:slot").await;
+        for (before, after) in last.iter().zip(&now) {
+            assert!(
+                *after == -2 || after <= before,
+                "re-armed after stop_renewal: {last:?} -> {now:?}"
+            );
+        }
+        last = now;
+    }
+    // Nobody renews: the keys expire with their TTL.
+    assert!(no_lock_keys_within(&cluster, Duration::from_secs(2)).await);
+}
+
+/// The lock `stop_renewal` returns can still be released early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_after_stop_renewal_can_be_released() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = client(&cluster, Duration::from_secs(10)).build().unwrap();
+    let lock = rl.lock("keep").guard().await.unwrap().stop_renewal();
+    assert_eq!(lock.resources(), ["keep"]);
+    let report = rl.release(lock).await.unwrap();
+    assert!(report.released() >= rl.quorum(), "{report:?}");
+    assert!(no_lock_keys_within(&cluster, Duration::from_secs(2)).await);
+}
+
+/// With `no_max_hold()` a guard keeps renewing past the limit `max_hold` set before it; the
+/// same client without it loses the lock at `MaxHold`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_max_hold_keeps_renewing_past_the_limit() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let ttl = Duration::from_millis(600);
+    let limited = client(&cluster, ttl)
+        .max_hold(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let unlimited = client(&cluster, ttl)
+        .max_hold(Duration::from_millis(500))
+        .no_max_hold()
+        .build()
+        .unwrap();
+
+    let capped = limited.lock("capped").guard().await.unwrap();
+    let free = unlimited.lock("free").guard().await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(2), capped.lost())
+        .await
+        .expect("max hold fires");
+    assert!(matches!(reason, LostReason::MaxHold), "{reason}");
+
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!free.is_lost(), "{:?}", free.reason());
+    for pttl in pttls(&cluster, "redlock:lock:free").await {
+        assert!((1..=600).contains(&pttl), "PTTL {pttl}");
+    }
+    free.release().await.unwrap();
+    drop(capped);
+    assert_eq!(unlimited.config().max_hold, Duration::MAX);
+}
