@@ -56,9 +56,6 @@ fn policy(wait: Duration) -> RetryPolicy {
 }
 
 pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failure> {
-    if args.keep {
-        return Err(Failure::usage("--keep is not available yet"));
-    }
     let rl = settings.build(
         settings
             .builder()
@@ -171,7 +168,12 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
         let _ = guard.release().await;
         return Ok(exit::LOST);
     }
-    if let Err(e) = guard.release().await {
+    if args.keep {
+        // Renewal stops and nothing is deleted: the keys live out their TTL (counted from the
+        // last renewal) on every node, whatever the command's exit code.
+        let kept = guard.stop_renewal();
+        drop(kept);
+    } else if let Err(e) = guard.release().await {
         eprintln!(
             "redlock: warning: releasing the lock on {resource} failed ({e}); it expires with its TTL"
         );

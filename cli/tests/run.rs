@@ -291,3 +291,39 @@ async fn a_failed_attempt_releases_its_grants_before_exiting() {
         "no key left on the node that granted: {left:?}"
     );
 }
+
+#[tokio::test]
+async fn keep_leaves_the_lock_to_expire_at_its_ttl() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let out = output(redlock([
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "--keep",
+        "--ttl",
+        "20s",
+        "slot:0900",
+        "--",
+        "true",
+    ]))
+    .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    for node in cluster.nodes() {
+        let keys = node.keys_with_pttl("redlock:lock:*").await.unwrap();
+        assert_eq!(keys.len(), 1, "{keys:?}");
+        let (key, pttl) = &keys[0];
+        assert_eq!(key, "redlock:lock:slot:0900");
+        assert!(*pttl > 0 && *pttl <= 20_000, "expires at its TTL: {pttl}");
+    }
+    // A second host in the same slot does not run.
+    let out = output(redlock([
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "slot:0900",
+        "--",
+        "true",
+    ]))
+    .await;
+    assert_eq!(out.code, Some(75), "{out:?}");
+}
