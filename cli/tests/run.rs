@@ -308,13 +308,17 @@ async fn keep_leaves_the_lock_to_expire_at_its_ttl() {
     ]))
     .await;
     assert_eq!(out.code, Some(0), "{out:?}");
+    // A quorum holds it (a node that answered late may have been cleaned up).
+    let mut holding = 0;
     for node in cluster.nodes() {
         let keys = node.keys_with_pttl("redlock:lock:*").await.unwrap();
-        assert_eq!(keys.len(), 1, "{keys:?}");
-        let (key, pttl) = &keys[0];
-        assert_eq!(key, "redlock:lock:slot:0900");
-        assert!(*pttl > 0 && *pttl <= 20_000, "expires at its TTL: {pttl}");
+        for (key, pttl) in keys {
+            assert_eq!(key, "redlock:lock:slot:0900");
+            assert!(pttl > 0 && pttl <= 20_000, "expires at its TTL: {pttl}");
+            holding += 1;
+        }
     }
+    assert!(holding >= 2, "held on {holding} of 3 nodes");
     // A second host in the same slot does not run.
     let out = output(redlock([
         "--nodes",
