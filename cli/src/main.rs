@@ -1,0 +1,103 @@
+//! `redlock`: flock(1) for a Redis cluster — run a command under a Redlock quorum lock — plus
+//! `status` (who holds a lock) and `doctor` (is this cluster fit for Redlock). See docs/cli.md.
+
+#![forbid(unsafe_code)]
+
+mod args;
+#[cfg(feature = "demo")]
+mod demo;
+mod direct;
+mod doctor;
+mod exit;
+mod output;
+mod run;
+mod settings;
+mod status;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use clap::error::ErrorKind;
+
+use crate::args::{Cli, Command};
+use crate::exit::Failure;
+use crate::settings::Settings;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = match e.kind() {
+                ErrorKind::DisplayHelp
+                | ErrorKind::DisplayVersion
+                | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => exit::OK,
+                _ => exit::USAGE,
+            };
+            // clap may quote an argument, which could be a URL with a password.
+            let text = settings::scrub(&e.render().to_string(), &argv_secrets());
+            if code == exit::OK {
+                print!("{text}");
+            } else {
+                eprint!("{text}");
+            }
+            return ExitCode::from(code);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("redlock: cannot start the runtime: {e}");
+            return ExitCode::from(exit::OS_ERROR);
+        }
+    };
+    let code = runtime.block_on(dispatch(cli)).unwrap_or_else(|failure| {
+        eprintln!("redlock: {failure}");
+        failure.code
+    });
+    ExitCode::from(code)
+}
+
+async fn dispatch(cli: Cli) -> Result<u8, Failure> {
+    if let Command::Demo(_) = &cli.command {
+        return demo().await;
+    }
+    let settings = Settings::resolve(&cli.global)?;
+    match &cli.command {
+        Command::Run(args) => run::run(&settings, args).await,
+        Command::Status(args) => status::run(&settings, args).await,
+        Command::Doctor(args) => doctor::run(&settings, args).await,
+        Command::Demo(_) => unreachable!("handled above"),
+    }
+}
+
+#[cfg(feature = "demo")]
+async fn demo() -> Result<u8, Failure> {
+    demo::run().await
+}
+
+#[cfg(not(feature = "demo"))]
+async fn demo() -> Result<u8, Failure> {
+    Err(Failure::usage(
+        "this redlock was built without the `demo` feature: cargo run -p redlock-cli --features demo -- demo",
+    ))
+}
+
+/// Passwords in URLs on the command line or in the environment.
+fn argv_secrets() -> Vec<String> {
+    let mut urls: Vec<String> = std::env::args()
+        .flat_map(|a| a.split(',').map(str::to_owned).collect::<Vec<_>>())
+        .collect();
+    if let Ok(nodes) = std::env::var(settings::NODES_ENV) {
+        urls.extend(nodes.split(',').map(str::to_owned));
+    }
+    let mut secrets = settings::secrets(&urls);
+    if let Ok(p) = std::env::var(settings::PASSWORD_ENV)
+        && !p.is_empty()
+    {
+        secrets.push(p);
+    }
+    secrets
+}

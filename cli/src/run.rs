@@ -1,0 +1,209 @@
+//! `redlock run RESOURCE -- COMMAND…`: flock(1) for a cluster. Takes the lock, runs the
+//! command while a `LockGuard` renews it, forwards signals, stops the command when the lock is
+//! lost, and releases the lock when the command exits (or, with `--keep`, leaves it to expire).
+
+use std::os::unix::process::ExitStatusExt;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use redlock::{Error, RetryPolicy};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
+use signal_hook::iterator::SignalsInfo;
+use signal_hook::iterator::exfiltrator::WithOrigin;
+use signal_hook::low_level::siginfo::{Cause, Origin};
+use tokio::sync::mpsc;
+
+use crate::args::RunArgs;
+use crate::exit::{self, Failure};
+use crate::output::Spinner;
+use crate::settings::{Settings, code_of};
+
+/// Environment variable the command gets with the lock's fence token (when it has one).
+pub(crate) const FENCE_TOKEN_ENV: &str = "REDLOCK_FENCE_TOKEN";
+/// Environment variable the command gets with the resource name.
+pub(crate) const RESOURCE_ENV: &str = "REDLOCK_RESOURCE";
+/// Signals passed on to the command.
+const FORWARDED: [i32; 4] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT];
+
+/// Receives the forwarded signals on a thread of its own (signal-hook's iterator), with where
+/// each came from.
+fn signals() -> Result<mpsc::UnboundedReceiver<Origin>, Failure> {
+    let mut signals = SignalsInfo::<WithOrigin>::new(FORWARDED)
+        .map_err(|e| Failure::new(exit::OS_ERROR, format!("cannot handle signals: {e}")))?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            for origin in signals.forever() {
+                if tx.send(origin).is_err() {
+                    break;
+                }
+            }
+        })
+        .map_err(|e| Failure::new(exit::OS_ERROR, format!("cannot start a thread: {e}")))?;
+    Ok(rx)
+}
+
+/// The retry policy that expresses `--wait`: one attempt for zero, else attempts until the
+/// wait is over (woken early by release notifications).
+fn policy(wait: Duration) -> RetryPolicy {
+    if wait.is_zero() {
+        RetryPolicy::once()
+    } else {
+        RetryPolicy::deadline(wait)
+    }
+}
+
+pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failure> {
+    let rl = settings.build(
+        settings
+            .builder()
+            .ttl(args.ttl)
+            .max_hold(args.max_hold)
+            .retry(policy(args.wait)),
+    )?;
+    let mut signals = signals()?;
+    let resource = args.resource.as_str();
+
+    let spinner = Spinner::start(format!("waiting for the lock on {resource}"), args.wait);
+    let acquired = tokio::select! {
+        acquired = rl.acquire(resource) => acquired,
+        Some(origin) = signals.recv() => {
+            spinner.stop();
+            // The abandoned attempt releases its grants in the background: give it the time a
+            // request may take before the process ends (else the keys expire with their TTL).
+            tokio::time::sleep(rl.config().node_timeout * 5).await;
+            eprintln!("redlock: interrupted while waiting for the lock on {resource}");
+            return Ok(signal_exit(origin.signal));
+        }
+    };
+    spinner.stop();
+    let lock = match acquired {
+        Ok(lock) => lock,
+        Err(e) => {
+            if e.nodes().iter().any(|n| n.outcome.may_hold()) {
+                // Nodes that granted (or whose answer is unknown) are released by a background
+                // task of the client; give it the time a request may take (a connection being
+                // opened included) before the process ends, or those keys live out their TTL.
+                tokio::time::sleep(rl.config().node_timeout * 5).await;
+            }
+            return Err(acquire_failure(settings, resource, args.wait, &e));
+        }
+    };
+    let fence = lock.fence().map(|t| t.to_string());
+    let guard = rl
+        .guard(lock)
+        .map_err(|e| Failure::new(exit::SOFTWARE, e.to_string()))?;
+    let lease = guard.lease();
+
+    let mut command = tokio::process::Command::new(&args.command[0]);
+    command.args(&args.command[1..]).env(RESOURCE_ENV, resource);
+    match &fence {
+        Some(token) => command.env(FENCE_TOKEN_ENV, token),
+        // A token inherited from an outer lock must not pass for this one.
+        None => command.env_remove(FENCE_TOKEN_ENV),
+    };
+    if lease.is_lost() {
+        let _ = guard.release().await;
+        eprintln!("redlock: the lock on {resource} was lost before the command started");
+        return Ok(exit::LOST);
+    }
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            let _ = guard.release().await;
+            let code = match e.kind() {
+                std::io::ErrorKind::NotFound => exit::NOT_FOUND,
+                _ => exit::CANNOT_EXECUTE,
+            };
+            return Err(Failure::new(code, format!("{}: {e}", args.command[0])));
+        }
+    };
+    let pid = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .map(Pid::from_raw);
+    let send = |signal: Signal| {
+        if let Some(pid) = pid {
+            let _ = kill(pid, signal);
+        }
+    };
+
+    let mut lost = false;
+    let kill_at = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(kill_at);
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status,
+            Some(origin) = signals.recv() => {
+                // A signal from the kernel came from the terminal, which sent it to the whole
+                // foreground process group: the command has it already.
+                if origin.cause != Cause::Kernel
+                    && let Ok(signal) = Signal::try_from(origin.signal)
+                {
+                    send(signal);
+                }
+            }
+            reason = lease.lost(), if !lost => {
+                lost = true;
+                eprintln!(
+                    "redlock: the lock on {resource} was lost ({reason}); sending SIGTERM to the command, SIGKILL in {}",
+                    humantime::format_duration(args.grace)
+                );
+                send(Signal::SIGTERM);
+                kill_at.as_mut().reset(tokio::time::Instant::now() + args.grace);
+            }
+            () = &mut kill_at, if lost => {
+                eprintln!("redlock: the command outlived --grace; sending SIGKILL");
+                send(Signal::SIGKILL);
+                kill_at.as_mut().reset(tokio::time::Instant::now() + Duration::from_secs(3600));
+            }
+        }
+    };
+    let status = status
+        .map_err(|e| Failure::new(exit::OS_ERROR, format!("waiting for the command: {e}")))?;
+    if lost {
+        // Owner-checked: deletes our key only where it is still ours.
+        let _ = guard.release().await;
+        return Ok(exit::LOST);
+    }
+    if args.keep {
+        // Renewal stops and nothing is deleted: the keys live out their TTL (counted from the
+        // last renewal) on every node, whatever the command's exit code.
+        let kept = guard.stop_renewal();
+        drop(kept);
+    } else if let Err(e) = guard.release().await {
+        eprintln!(
+            "redlock: warning: releasing the lock on {resource} failed ({e}); it expires with its TTL"
+        );
+    }
+    Ok(match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code).unwrap_or(exit::SOFTWARE),
+        (None, Some(signal)) => signal_exit(signal),
+        (None, None) => exit::SOFTWARE,
+    })
+}
+
+/// The shell's exit code for death by `signal`: 128 + its number.
+fn signal_exit(signal: i32) -> u8 {
+    u8::try_from(128 + signal).unwrap_or(exit::SOFTWARE)
+}
+
+fn acquire_failure(settings: &Settings, resource: &str, wait: Duration, e: &Error) -> Failure {
+    match e {
+        Error::Busy { .. } if wait.is_zero() => Failure::new(
+            exit::BUSY,
+            format!("{resource} is locked by another owner ({e})"),
+        ),
+        Error::Busy { .. } => Failure::new(
+            exit::BUSY,
+            format!(
+                "{resource} is still locked by another owner after waiting {} ({e})",
+                humantime::format_duration(wait)
+            ),
+        ),
+        Error::Config(_) => settings.config_failure(e),
+        _ => Failure::new(code_of(e), format!("{resource}: {e}")),
+    }
+}

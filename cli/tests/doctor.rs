@@ -1,0 +1,198 @@
+//! `redlock doctor` against real servers: a good cluster passes; a replica, an evicting
+//! policy, one server listed twice, an even N and missing ACL permissions are flagged.
+
+mod common;
+
+use common::{nodes, output, redlock};
+use redlock_testkit::Cluster;
+use serde_json::Value;
+
+/// `doctor --json` on `urls`: (exit code, report).
+async fn doctor(urls: &str, extra: &[&str]) -> (Option<i32>, Value) {
+    let mut args = vec!["--nodes", urls];
+    args.extend_from_slice(extra);
+    args.extend(["doctor", "--json", "--clock-sample", "100ms"]);
+    let out = output(redlock(args)).await;
+    let report = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    (out.code, report)
+}
+
+/// The findings of `level` for `check` (on any node, or the whole list).
+fn findings<'a>(report: &'a Value, level: &str, check: &str) -> Vec<&'a Value> {
+    report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["level"] == level && f["check"] == check)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_good_cluster_passes() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let (code, report) = doctor(&nodes(&cluster), &["--restart-quarantine", "30s"]).await;
+    assert_eq!(report["errors"], 0, "{report:#}");
+    assert_eq!(code, Some(0));
+    assert_eq!(report["warnings"], 0, "{report:#}");
+    for check in [
+        "round trip",
+        "server",
+        "role",
+        "eviction",
+        "persistence",
+        "acl",
+        "pub/sub",
+        "clock rate",
+        "clock skew",
+    ] {
+        assert_eq!(
+            findings(&report, "ok", check).len(),
+            3,
+            "{check}: {report:#}"
+        );
+    }
+    // The probes leave nothing behind but the records a client writes anyway.
+    for (_, key) in cluster.keys("*").await {
+        assert!(!key.contains("doctor"), "{key}");
+    }
+    // The table form.
+    let out = output(redlock([
+        "--nodes",
+        &nodes(&cluster),
+        "doctor",
+        "--clock-sample",
+        "50ms",
+    ]))
+    .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stdout.contains("LEVEL") && out.stdout.contains("0 error(s)"),
+        "{}",
+        out.stdout
+    );
+}
+
+#[tokio::test]
+async fn a_replica_an_evicting_policy_and_an_even_n_are_flagged() {
+    let cluster = Cluster::start(4).await.unwrap();
+    let mut replica = cluster.node(3).connection().await.unwrap();
+    let _: () = redlock_testkit::redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(cluster.node(0).port())
+        .query_async(&mut replica)
+        .await
+        .unwrap();
+    let mut evicting = cluster.node(1).connection().await.unwrap();
+    for (name, value) in [("maxmemory", "100mb"), ("maxmemory-policy", "allkeys-lru")] {
+        let _: () = redlock_testkit::redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query_async(&mut evicting)
+            .await
+            .unwrap();
+    }
+    let (code, report) = doctor(&nodes(&cluster), &[]).await;
+    assert_eq!(code, Some(1), "{report:#}");
+    let role = findings(&report, "error", "role");
+    assert_eq!(role.len(), 1, "{report:#}");
+    assert_eq!(
+        role[0]["node"],
+        format!("127.0.0.1:{}", cluster.node(3).port())
+    );
+    let eviction = findings(&report, "error", "eviction");
+    assert_eq!(eviction.len(), 1, "{report:#}");
+    assert_eq!(
+        eviction[0]["node"],
+        format!("127.0.0.1:{}", cluster.node(1).port())
+    );
+    assert!(
+        eviction[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("allkeys-lru")
+    );
+    assert_eq!(
+        findings(&report, "warn", "node count").len(),
+        1,
+        "{report:#}"
+    );
+    // The master of the replica is told that a failover can lose locks.
+    assert_eq!(findings(&report, "warn", "role").len(), 1, "{report:#}");
+    // Without a restart quarantine, no AOF is a warning.
+    assert_eq!(
+        findings(&report, "warn", "persistence").len(),
+        4,
+        "{report:#}"
+    );
+}
+
+#[tokio::test]
+async fn the_same_server_listed_twice_is_flagged() {
+    let cluster = Cluster::start(2).await.unwrap();
+    let urls = format!(
+        "{},{},redis://localhost:{}",
+        cluster.node(0).url(),
+        cluster.node(1).url(),
+        cluster.node(0).port()
+    );
+    let (code, report) = doctor(&urls, &[]).await;
+    assert_eq!(code, Some(1), "{report:#}");
+    let same = findings(&report, "error", "independence");
+    assert_eq!(same.len(), 1, "{report:#}");
+    let msg = same[0]["message"].as_str().unwrap();
+    assert!(msg.contains("#0") && msg.contains("#2"), "{msg}");
+}
+
+#[tokio::test]
+async fn missing_acl_permissions_are_flagged() {
+    let cluster = Cluster::start(3).await.unwrap();
+    for node in cluster.nodes() {
+        let mut conn = node.connection().await.unwrap();
+        let _: () = redlock_testkit::redis::cmd("ACL")
+            .arg(&[
+                "SETUSER",
+                "locker",
+                "on",
+                ">lockerpw",
+                "~redlock:*",
+                "resetchannels",
+                "-@all",
+            ])
+            .arg(&[
+                "+ping",
+                "+get",
+                "+set",
+                "+evalsha",
+                "+eval",
+                "+script|load",
+                "+info",
+                "+hello",
+                "+time",
+                "+pexpire",
+            ])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let urls: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .map(|n| format!("redis://locker:lockerpw@127.0.0.1:{}", n.port()))
+        .collect();
+    let (code, report) = doctor(&urls.join(","), &[]).await;
+    assert_eq!(code, Some(1), "{report:#}");
+    let acl = findings(&report, "error", "acl");
+    assert_eq!(acl.len(), 3, "{report:#}");
+    assert!(
+        acl[0]["message"].as_str().unwrap().contains("DEL"),
+        "{report:#}"
+    );
+    assert_eq!(findings(&report, "warn", "pub/sub").len(), 3, "{report:#}");
+    assert_eq!(
+        findings(&report, "warn", "config").len(),
+        3,
+        "CONFIG denied: {report:#}"
+    );
+    assert!(!report.to_string().contains("lockerpw"));
+}

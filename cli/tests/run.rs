@@ -1,0 +1,333 @@
+//! `redlock run` against real redis-server processes: environment, exit codes, contention,
+//! signals, loss of the lock, and releasing.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{finish, nodes, output, redlock, wait_for_file, wait_for_key};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use redlock_testkit::Cluster;
+use redlock_testkit::redis::AsyncCommands;
+
+#[tokio::test]
+async fn passes_resource_and_fence_token_and_returns_the_exit_code() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let seen = dir.path().join("env");
+    let script = format!(
+        "printf '%s|%s' \"$REDLOCK_RESOURCE\" \"$REDLOCK_FENCE_TOKEN\" > {}; exit 7",
+        seen.display()
+    );
+    let mut cmd = redlock([
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "orders:42",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    // An outer lock's token must not leak into this one.
+    cmd.env("REDLOCK_FENCE_TOKEN", "f1,stale=1");
+    let out = output(cmd).await;
+    assert_eq!(out.code, Some(7), "{out:?}");
+    let env = std::fs::read_to_string(&seen).unwrap();
+    let (resource, token) = env.split_once('|').unwrap();
+    assert_eq!(resource, "orders:42");
+    let token: fencing::FenceToken = token.parse().expect("a fence token in its text form");
+    assert!(token.len() >= 2, "a quorum's claims: {token}");
+    // Released when the command exited.
+    assert!(cluster.keys("redlock:lock:*").await.is_empty());
+}
+
+#[tokio::test]
+async fn a_busy_lock_exits_75_after_the_wait() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let stop = dir.path().join("stop");
+    let holder_script = format!("while [ ! -e {} ]; do sleep 0.02; done", stop.display());
+    let holder = redlock([
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "job",
+        "--",
+        "sh",
+        "-c",
+        &holder_script,
+    ])
+    .spawn()
+    .unwrap();
+    wait_for_key(&cluster, "redlock:lock:job", 3).await;
+
+    let out = output(redlock([
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "job",
+        "--",
+        "true",
+    ]))
+    .await;
+    assert_eq!(out.code, Some(75), "{out:?}");
+    assert!(
+        out.stderr.contains("locked by another owner"),
+        "{}",
+        out.stderr
+    );
+
+    let started = std::time::Instant::now();
+    let out = output(redlock([
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "--wait",
+        "400ms",
+        "job",
+        "--",
+        "true",
+    ]))
+    .await;
+    assert_eq!(out.code, Some(75), "{out:?}");
+    // It kept trying: no attempt starts after the wait, so the last one may start up to one
+    // retry delay (100 ms ± 50 ms) before the wait is over.
+    assert!(started.elapsed() >= Duration::from_millis(250), "it waited");
+
+    std::fs::write(&stop, "").unwrap();
+    let held = finish(holder).await;
+    assert_eq!(held.code, Some(0), "{held:?}");
+
+    // Free again: a waiting run gets it.
+    let out = output(redlock([
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "--wait",
+        "2s",
+        "job",
+        "--",
+        "true",
+    ]))
+    .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+}
+
+#[tokio::test]
+async fn sigterm_to_redlock_reaches_the_command() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let got = dir.path().join("got");
+    let script = format!(
+        "trap 'echo term > {}; exit 42' TERM; touch {}; while :; do sleep 0.02; done",
+        got.display(),
+        ready.display()
+    );
+    let child = redlock([
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "svc",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ])
+    .spawn()
+    .unwrap();
+    wait_for_file(&ready).await;
+    let pid = Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
+    kill(pid, Signal::SIGTERM).unwrap();
+    let out = finish(child).await;
+    assert_eq!(out.code, Some(42), "the command's own exit code: {out:?}");
+    assert_eq!(std::fs::read_to_string(&got).unwrap().trim(), "term");
+    assert!(cluster.keys("redlock:lock:*").await.is_empty(), "released");
+}
+
+#[tokio::test]
+async fn a_command_killed_by_a_signal_exits_128_plus_it() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let out = output(redlock([
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "k",
+        "--",
+        "sh",
+        "-c",
+        "kill -KILL $$",
+    ]))
+    .await;
+    assert_eq!(out.code, Some(128 + 9), "{out:?}");
+}
+
+/// Deletes the lock key on every node: the next renewal finds it missing everywhere.
+async fn steal(cluster: &Cluster, key: &str) {
+    for node in cluster.nodes() {
+        let mut conn = node.connection().await.unwrap();
+        let _: i64 = conn.del(key).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_lost_lock_terminates_the_command_and_exits_79() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let got = dir.path().join("got");
+    let script = format!(
+        "trap 'echo term > {}; exit 0' TERM; touch {}; while :; do sleep 0.02; done",
+        got.display(),
+        ready.display()
+    );
+    let child = redlock([
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "--ttl",
+        "600ms",
+        "cron",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ])
+    .spawn()
+    .unwrap();
+    wait_for_file(&ready).await;
+    steal(&cluster, "redlock:lock:cron").await;
+    let out = finish(child).await;
+    assert_eq!(out.code, Some(79), "{out:?}");
+    assert_eq!(std::fs::read_to_string(&got).unwrap().trim(), "term");
+    assert!(out.stderr.contains("was lost"), "{}", out.stderr);
+}
+
+#[tokio::test]
+async fn a_command_ignoring_sigterm_is_killed_after_the_grace() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let script = format!("trap '' TERM; touch {}; exec sleep 30", ready.display());
+    let started = std::time::Instant::now();
+    let child = redlock([
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "--ttl",
+        "600ms",
+        "--grace",
+        "300ms",
+        "stubborn",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ])
+    .spawn()
+    .unwrap();
+    wait_for_file(&ready).await;
+    steal(&cluster, "redlock:lock:stubborn").await;
+    let out = finish(child).await;
+    assert_eq!(out.code, Some(79), "{out:?}");
+    assert!(out.stderr.contains("SIGKILL"), "{}", out.stderr);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "not the command's 30 s"
+    );
+}
+
+#[tokio::test]
+async fn quorum_unreachable_exits_69() {
+    let cluster = Cluster::start(3).await.unwrap();
+    cluster.node(0).kill();
+    cluster.node(1).kill();
+    let out = output(redlock([
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "x",
+        "--",
+        "true",
+    ]))
+    .await;
+    assert_eq!(out.code, Some(69), "{out:?}");
+    assert_eq!(
+        out.stderr.trim().lines().count(),
+        1,
+        "one line: {}",
+        out.stderr
+    );
+}
+
+#[tokio::test]
+async fn a_failed_attempt_releases_its_grants_before_exiting() {
+    let cluster = Cluster::start(3).await.unwrap();
+    // Node 0 grants; the paused pair never answers, so the attempt fails with its grant still
+    // to be released in the background.
+    cluster.node(1).pause();
+    cluster.node(2).pause();
+    let out = output(redlock([
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "x",
+        "--",
+        "true",
+    ]))
+    .await;
+    assert_eq!(out.code, Some(69), "{out:?}");
+    let left = cluster
+        .node(0)
+        .keys_with_pttl("redlock:lock:*")
+        .await
+        .unwrap();
+    cluster.node(1).resume();
+    cluster.node(2).resume();
+    assert!(
+        left.is_empty(),
+        "no key left on the node that granted: {left:?}"
+    );
+}
+
+#[tokio::test]
+async fn keep_leaves_the_lock_to_expire_at_its_ttl() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let out = output(redlock([
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "--keep",
+        "--ttl",
+        "20s",
+        "slot:0900",
+        "--",
+        "true",
+    ]))
+    .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    // A quorum holds it (a node that answered late may have been cleaned up).
+    let mut holding = 0;
+    for node in cluster.nodes() {
+        let keys = node.keys_with_pttl("redlock:lock:*").await.unwrap();
+        for (key, pttl) in keys {
+            assert_eq!(key, "redlock:lock:slot:0900");
+            assert!(pttl > 0 && pttl <= 20_000, "expires at its TTL: {pttl}");
+            holding += 1;
+        }
+    }
+    assert!(holding >= 2, "held on {holding} of 3 nodes");
+    // A second host in the same slot does not run.
+    let out = output(redlock([
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "slot:0900",
+        "--",
+        "true",
+    ]))
+    .await;
+    assert_eq!(out.code, Some(75), "{out:?}");
+}
