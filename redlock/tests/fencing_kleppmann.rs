@@ -15,13 +15,15 @@ const TTL: Duration = Duration::from_millis(300);
 /// A's lock, then (after A "pauses" past its validity) B's lock on the same resource. Tokens
 /// travel in their text form, as they would in an HTTP header.
 async fn paused_holder_then_new_holder(rl: &Redlock) -> (String, String) {
-    let a: Lock = rl.try_acquire("file").await.expect("A acquires");
+    // `acquire` (bounded retries), not one attempt: on a loaded machine a single attempt with
+    // the tests' 50 ms node timeout can time out on a majority.
+    let a: Lock = rl.acquire("file").await.expect("A acquires");
     let a_token = a.fence().expect("claims on").to_string();
     // A stops (GC pause, SIGSTOP, swap) for longer than the lock's validity, without releasing.
     tokio::time::sleep(TTL + Duration::from_millis(50)).await;
     assert!(!a.is_valid());
     let b = rl
-        .try_acquire("file")
+        .acquire("file")
         .await
         .expect("B acquires once A's lease expired");
     let b_token = b.fence().expect("claims on").to_string();
