@@ -144,7 +144,8 @@ impl Redlock {
         self.lock_many(resources).acquire().await
     }
 
-    /// Acquires with an explicit retry policy for this call.
+    /// Acquires with an explicit retry policy for this call. The same as
+    /// `self.lock_many(resources).retry(policy.clone()).acquire()`.
     ///
     /// # Errors
     /// As [`Redlock::acquire`], and [`Error::Config`] for an unbounded policy.
@@ -160,10 +161,10 @@ impl Redlock {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        policy
-            .validate()
-            .map_err(crate::error::ConfigError::InvalidRetry)?;
-        self.core.acquire(owned(resources), policy, None).await
+        self.lock_many(resources)
+            .retry(policy.clone())
+            .acquire()
+            .await
     }
 
     /// Exactly one attempt (`self.lock(resource).wait(Duration::ZERO).acquire()`), made at
