@@ -22,7 +22,7 @@ fn outcomes(err: &Error) -> String {
 
 fn short(o: &NodeOutcome) -> &'static str {
     match o {
-        NodeOutcome::Granted => "granted",
+        NodeOutcome::Confirmed => "granted",
         NodeOutcome::Refused => "refused",
         NodeOutcome::Failed(_) => "error",
         NodeOutcome::TimedOut => "timeout",

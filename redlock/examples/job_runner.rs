@@ -202,7 +202,7 @@ impl Reaper {
 async fn supervisor() -> Result<Vec<String>, Error> {
     let rl = client()?;
     for report in rl.connect().await {
-        if report.outcome != redlock::NodeOutcome::Granted {
+        if report.outcome != redlock::NodeOutcome::Confirmed {
             return Err(format!("node {}: {}", report.node, report.outcome).into());
         }
     }

@@ -231,7 +231,7 @@ impl Redlock {
     /// [`Lock::valid_until`], and [`Lock::remaining`] tells what is left.
     ///
     /// # Errors
-    /// [`Error::Lost`] when a quorum no longer holds our token, [`Error::QuorumUnreachable`]
+    /// [`Error::NotHeld`] when a quorum no longer holds our token, [`Error::QuorumUnreachable`]
     /// when too many nodes failed, [`Error::ValidityExhausted`] when it took too long.
     ///
     /// # Cancel safety
@@ -287,11 +287,11 @@ impl Redlock {
     /// several resources.
     ///
     /// If the lock is lost while `work` runs (renewal failed, validity passed, max hold reached),
-    /// `work` is dropped at its next await point and the call returns [`Error::LockLost`]. A panic
+    /// `work` is dropped at its next await point and the call returns [`Error::LeaseLost`]. A panic
     /// in `work` releases the lock and then resumes unwinding.
     ///
     /// # Errors
-    /// As [`Redlock::acquire`], plus [`Error::LockLost`].
+    /// As [`Redlock::acquire`], plus [`Error::LeaseLost`].
     ///
     /// # Cancel safety
     /// Dropping the future drops `work` and the guard, which releases the lock in the background.
@@ -344,7 +344,7 @@ impl Redlock {
         let backend = &self.core.backend;
         join_all((0..backend.len()).map(|i| async move {
             let outcome = match tokio::time::timeout(timeout, backend.connect(i)).await {
-                Ok(Ok(_)) => NodeOutcome::Granted,
+                Ok(Ok(_)) => NodeOutcome::Confirmed,
                 Ok(Err(e)) => NodeOutcome::Failed(e),
                 Err(_) => NodeOutcome::TimedOut,
             };

@@ -100,7 +100,7 @@ fn missed(
                 gave_up: GaveUp::SingleAttempt,
             },
         },
-        PhaseName::Extend if refused > n - required => Error::Lost {
+        PhaseName::Extend if refused > n - required => Error::NotHeld {
             resources,
             held: positive,
             required,
@@ -269,8 +269,8 @@ impl State {
     /// the node now needs the cleanup request (attempt abandoned and the node may hold our key).
     fn settle(&mut self, i: usize, outcome: NodeOutcome, claim: Option<Claim>) -> bool {
         let counts = match self.goal {
-            Goal::Quorum => matches!(outcome, NodeOutcome::Granted),
-            Goal::NoQuorumLeft => matches!(outcome, NodeOutcome::Granted | NodeOutcome::Refused),
+            Goal::Quorum => matches!(outcome, NodeOutcome::Confirmed),
+            Goal::NoQuorumLeft => matches!(outcome, NodeOutcome::Confirmed | NodeOutcome::Refused),
         };
         self.positive += usize::from(counts);
         self.pending -= 1;
@@ -509,7 +509,7 @@ async fn drive<B: Backend>(
             Either::Left((None, _)) => break,
             Either::Left((Some((i, _)), _)) if settled[i] => continue, // a late answer
             Either::Left((Some((i, answer)), _)) => match answer {
-                Ok(Reply::Yes { claim }) => (i, NodeOutcome::Granted, claim),
+                Ok(Reply::Yes { claim }) => (i, NodeOutcome::Confirmed, claim),
                 Ok(Reply::No) => (i, NodeOutcome::Refused, None),
                 Err(e) => (i, NodeOutcome::Failed(e), None),
             },

@@ -30,8 +30,9 @@ impl fmt::Display for Phase {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum NodeOutcome {
-    /// Acquire: the node granted the lock. Extend: it re-armed the TTL. Release: it deleted our key.
-    Granted,
+    /// The node did what the phase asked. Acquire: it granted the lock. Extend: it re-armed
+    /// the TTL. Release: it deleted our key. Connect: it answered the handshake.
+    Confirmed,
     /// Acquire: another owner holds the key. Extend: the key no longer holds our token.
     /// Release: the key was already gone (expired) or belongs to someone else.
     Refused,
@@ -54,7 +55,7 @@ impl NodeOutcome {
 impl fmt::Display for NodeOutcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Granted => f.write_str("granted"),
+            Self::Confirmed => f.write_str("confirmed"),
             Self::Refused => f.write_str("refused"),
             Self::Failed(e) => write!(f, "error: {e}"),
             Self::TimedOut => f.write_str("timed out"),
@@ -302,7 +303,7 @@ pub enum Error {
         Names(resources),
         NodeList(nodes)
     )]
-    Lost {
+    NotHeld {
         /// The resources of the lock.
         resources: Arc<[String]>,
         /// Nodes that still held our token.
@@ -318,7 +319,7 @@ pub enum Error {
         "lock {} lost while the work ran ({reason}); the work was cancelled",
         Names(resources)
     )]
-    LockLost {
+    LeaseLost {
         /// The resources of the lock.
         resources: Arc<[String]>,
         /// Why the lock was lost.
@@ -387,9 +388,9 @@ impl Error {
         matches!(self, Self::WaitTimedOut { .. })
     }
 
-    /// The lock was lost.
-    pub fn is_lost(&self) -> bool {
-        matches!(self, Self::Lost { .. })
+    /// The lock is no longer ours on a quorum ([`Error::NotHeld`]).
+    pub fn is_not_held(&self) -> bool {
+        matches!(self, Self::NotHeld { .. })
     }
 
     /// Whether another attempt of the same call may succeed (busy, unreachable, exhausted).
@@ -406,8 +407,8 @@ impl Error {
             Self::Busy { resources, .. }
             | Self::QuorumUnreachable { resources, .. }
             | Self::ValidityExhausted { resources, .. }
-            | Self::Lost { resources, .. }
-            | Self::LockLost { resources, .. }
+            | Self::NotHeld { resources, .. }
+            | Self::LeaseLost { resources, .. }
             | Self::ForeignLock { resources, .. } => resources,
             Self::WaitTimedOut { resource, .. } => std::slice::from_ref(resource),
             _ => &[],
@@ -435,7 +436,7 @@ impl Error {
         match self {
             Self::Busy { nodes, .. }
             | Self::QuorumUnreachable { nodes, .. }
-            | Self::Lost { nodes, .. } => nodes,
+            | Self::NotHeld { nodes, .. } => nodes,
             _ => &[],
         }
     }
@@ -591,7 +592,7 @@ pub enum LostReason {
     /// The validity deadline passed without a successful extension.
     Expired,
     /// An extension did not reach a quorum (or found the lock taken over).
-    ExtendFailed(Box<Error>),
+    RenewalFailed(Box<Error>),
     /// The configured maximum hold time was reached; renewal stopped.
     MaxHold,
     /// The lock was released (or its guard dropped).
@@ -602,12 +603,12 @@ pub enum LostReason {
 }
 
 impl LostReason {
-    /// The reason as a `snake_case` label: `expired`, `extend_failed`, `max_hold`, `released`,
+    /// The reason as a `snake_case` label: `expired`, `renewal_failed`, `max_hold`, `released`,
     /// `renewal_stopped` (the `reason` label of the lease metrics).
     pub fn label(&self) -> &'static str {
         match self {
             Self::Expired => "expired",
-            Self::ExtendFailed(_) => "extend_failed",
+            Self::RenewalFailed(_) => "renewal_failed",
             Self::MaxHold => "max_hold",
             Self::Released => "released",
             Self::RenewalStopped => "renewal_stopped",
@@ -617,7 +618,7 @@ impl LostReason {
     /// Whether the lease ended without its holder asking: it expired, an extension failed, or
     /// the maximum hold time was reached (not `Released`, not `RenewalStopped`).
     pub fn is_loss(&self) -> bool {
-        matches!(self, Self::Expired | Self::ExtendFailed(_) | Self::MaxHold)
+        matches!(self, Self::Expired | Self::RenewalFailed(_) | Self::MaxHold)
     }
 }
 
@@ -625,7 +626,7 @@ impl fmt::Display for LostReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Expired => f.write_str("validity deadline passed without a successful extension"),
-            Self::ExtendFailed(e) => write!(f, "extension failed: {e}"),
+            Self::RenewalFailed(e) => write!(f, "extension failed: {e}"),
             Self::MaxHold => f.write_str("maximum hold time reached"),
             Self::Released => f.write_str("released"),
             Self::RenewalStopped => f.write_str("renewal stopped; the keys stay until their TTL"),

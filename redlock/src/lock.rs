@@ -243,7 +243,7 @@ pub struct ReleaseReport {
 impl ReleaseReport {
     /// Nodes on which our key was still present and has been deleted.
     pub fn released(&self) -> usize {
-        self.count(|o| matches!(o, NodeOutcome::Granted))
+        self.count(|o| matches!(o, NodeOutcome::Confirmed))
     }
 
     /// Nodes that confirmed they no longer held our key (expired or taken over).

@@ -451,7 +451,7 @@ impl<B: Backend> Renewer<B> {
             for j in 0..m {
                 let outcome = match answer {
                     Ok(Ok(v)) => match v.get(j) {
-                        Some(Renewed::Extended) => NodeOutcome::Granted,
+                        Some(Renewed::Extended) => NodeOutcome::Confirmed,
                         Some(Renewed::Missing) => {
                             missing[j].push(i);
                             NodeOutcome::Refused
@@ -461,7 +461,7 @@ impl<B: Backend> Renewer<B> {
                     Ok(Err(e)) => NodeOutcome::Failed(e.clone()),
                     Err(_) => NodeOutcome::TimedOut,
                 };
-                yes[j] += usize::from(outcome == NodeOutcome::Granted);
+                yes[j] += usize::from(outcome == NodeOutcome::Confirmed);
                 outcomes[j][i] = outcome;
                 if decided[j].is_none()
                     && let Some(ok) = engine::verdict(yes[j], pending, quorum)
@@ -504,8 +504,8 @@ impl<B: Backend> Renewer<B> {
                     self.repair(held, &missing[j]);
                 }
                 // The key is held by another token on too many nodes: definitely lost.
-                Err(error @ Error::Lost { .. }) => {
-                    held.fire(LostReason::ExtendFailed(Box::new(error)));
+                Err(error @ Error::NotHeld { .. }) => {
+                    held.fire(LostReason::RenewalFailed(Box::new(error)));
                     self.renewals.remove(held.id);
                 }
                 // Unknown (nodes failed or were slow): try again while validity remains; the

@@ -32,8 +32,9 @@ use crate::nodes::Nodes;
 /// ```
 ///
 /// The terminal methods ([`acquire`](Self::acquire), [`guard`](Self::guard),
-/// [`with_lock`](Self::with_lock)) take `&self`: a request can be kept and taken again, each
-/// time as a new lock. Options are checked when it is taken; a bad one is an
+/// [`with_lock`](Self::with_lock)) take the request by value, so a closure can return
+/// `rl.lock(r).acquire()` as its future; clone a request to take it again (each time as a new
+/// lock). Options are checked when it is taken; a bad one is an
 /// [`Error::Config`] and nothing is sent.
 #[must_use = "a LockRequest does nothing until acquire(), guard() or with_lock() is awaited"]
 #[derive(Clone)]
@@ -156,10 +157,10 @@ impl LockRequest {
     /// # Cancel safety
     /// As [`Redlock::acquire`](crate::Redlock::acquire): grants of an abandoned attempt are
     /// released in the background.
-    pub async fn acquire(&self) -> Result<Lock, Error> {
+    pub async fn acquire(self) -> Result<Lock, Error> {
         let (terms, policy) = self.resolve()?;
         self.core
-            .acquire_on(self.resources.clone(), &policy, None, terms)
+            .acquire_on(self.resources, &policy, None, terms)
             .await
     }
 
@@ -172,9 +173,10 @@ impl LockRequest {
     ///
     /// # Cancel safety
     /// As [`acquire`](Self::acquire); once the guard exists it is returned.
-    pub async fn guard(&self) -> Result<LockGuard, Error> {
+    pub async fn guard(self) -> Result<LockGuard, Error> {
+        let core = Arc::clone(&self.core);
         let lock = self.acquire().await?;
-        Ok(self.core.guard(lock))
+        Ok(core.guard(lock))
     }
 
     /// Takes the lock, runs `work` with a [`Lease`] while the lock is renewed, and releases it
@@ -182,15 +184,15 @@ impl LockRequest {
     ///
     /// If the lock is lost while `work` runs (renewal failed, validity passed, max hold
     /// reached), `work` is dropped at its next await point and the call returns
-    /// [`Error::LockLost`]. A panic in `work` releases the lock and then resumes unwinding.
+    /// [`Error::LeaseLost`]. A panic in `work` releases the lock and then resumes unwinding.
     ///
     /// # Errors
-    /// As [`acquire`](Self::acquire), plus [`Error::LockLost`].
+    /// As [`acquire`](Self::acquire), plus [`Error::LeaseLost`].
     ///
     /// # Cancel safety
     /// Dropping the future drops `work` and the guard, which releases the lock in the
     /// background.
-    pub async fn with_lock<F, Fut, T>(&self, work: F) -> Result<T, Error>
+    pub async fn with_lock<F, Fut, T>(self, work: F) -> Result<T, Error>
     where
         F: FnOnce(Lease) -> Fut,
         Fut: Future<Output = T>,
@@ -210,7 +212,7 @@ impl LockRequest {
         match outcome {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(panic)) => std::panic::resume_unwind(panic),
-            Err(reason) => Err(Error::LockLost {
+            Err(reason) => Err(Error::LeaseLost {
                 resources: Arc::clone(lease.held_resources()),
                 reason,
             }),

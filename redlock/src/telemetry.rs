@@ -14,7 +14,7 @@
 //! - `redlock_extend_total`, `redlock_release_total` (counters, label `outcome`).
 //! - `redlock_cleanup_total` (counter, label `outcome`): background releases of abandoned grants.
 //! - `redlock_leases_held` (gauge): leases (guards) alive now, this process.
-//! - `redlock_lease_lost_total` (counter, label `reason`: `expired`, `extend_failed`,
+//! - `redlock_lease_lost_total` (counter, label `reason`: `expired`, `renewal_failed`,
 //!   `max_hold`): leases that ended without their holder asking; each is also logged at `warn`
 //!   with the resources and the reason (never the token). A release (`released`) or
 //!   `stop_renewal` (`renewal_stopped`) is not a loss and is not counted here.

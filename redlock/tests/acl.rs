@@ -137,7 +137,7 @@ async fn subscribed_nodes(cluster: &Cluster, channel: &str) -> usize {
 async fn scenario(cluster: &Cluster, user: &str, resource: &str) -> Result<(), (Step, String)> {
     let a = client(urls(cluster, user), RetryPolicy::once());
     for report in a.connect().await {
-        if report.outcome != NodeOutcome::Granted {
+        if report.outcome != NodeOutcome::Confirmed {
             return fail(
                 Step::Connect,
                 format!("{}: {}", report.node, report.outcome),
@@ -394,7 +394,7 @@ async fn the_restart_quarantine_needs_info() {
     }
     let rl = quarantined("withinfo");
     for report in rl.connect().await {
-        assert_eq!(report.outcome, NodeOutcome::Granted, "{}", report.node);
+        assert_eq!(report.outcome, NodeOutcome::Confirmed, "{}", report.node);
     }
     let lock = rl.acquire("acl:quarantine").await.unwrap();
     rl.release(lock).await.unwrap();
@@ -427,7 +427,7 @@ async fn a_database_other_than_0_needs_select() {
     }
     let rl = in_db_1("withselect");
     for report in rl.connect().await {
-        assert_eq!(report.outcome, NodeOutcome::Granted, "{}", report.node);
+        assert_eq!(report.outcome, NodeOutcome::Confirmed, "{}", report.node);
     }
     let lock = rl.try_acquire("acl:select").await.unwrap();
     // The key is in database 1, not 0.

@@ -138,7 +138,7 @@ async fn concurrent_extensions_rearm_each_lock() {
     let results = join_all(locks.iter_mut().map(|l| rl.extend(l))).await;
     for (i, r) in results.iter().enumerate() {
         match (i, r) {
-            (7, Err(Error::Lost { .. })) => {}
+            (7, Err(Error::NotHeld { .. })) => {}
             (7, other) => panic!("an extension of a lock held by another owner: {other:?}"),
             (_, Ok(())) => {}
             (i, Err(e)) => panic!("e{i}: {e}"),

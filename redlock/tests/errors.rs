@@ -77,7 +77,7 @@ async fn busy_names_the_resource_and_keeps_its_retries() {
     holder.release(lock).await.unwrap();
 }
 
-/// `Lost`, `QuorumUnreachable` (release), `ForeignLock`, `LockLost` and `WaitTimedOut` name
+/// `Lost`, `QuorumUnreachable` (release), `ForeignLock`, `LeaseLost` and `WaitTimedOut` name
 /// the lock's resources; the wait's error names the timeout that ran out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_lock_error_names_its_resources() {
@@ -91,7 +91,7 @@ async fn every_lock_error_names_its_resources() {
         common::set(&cluster, i, "redlock:lock:inv:1", "someone-else").await;
     }
     let e = rl.extend(&mut lock).await.unwrap_err();
-    assert!(e.is_lost(), "{e}");
+    assert!(e.is_not_held(), "{e}");
     assert_eq!(e.resources(), ["inv:1"]);
     assert!(e.to_string().contains("\"inv:1\""), "{e}");
     drop(lock);
@@ -115,7 +115,7 @@ async fn every_lock_error_names_its_resources() {
     assert_eq!(e.resources(), ["inv:3"]);
     assert!(e.to_string().contains("200ms"), "{e}");
 
-    // LockLost: work whose lock was taken over.
+    // LeaseLost: work whose lock was taken over.
     let nodes = &cluster;
     let e = rl
         .lock("inv:4")
@@ -129,7 +129,7 @@ async fn every_lock_error_names_its_resources() {
         })
         .await
         .unwrap_err();
-    assert!(matches!(e, Error::LockLost { .. }), "{e}");
+    assert!(matches!(e, Error::LeaseLost { .. }), "{e}");
     assert_eq!(e.resources(), ["inv:4"]);
 
     // QuorumUnreachable on release: two of three nodes gone.

@@ -69,13 +69,13 @@ async fn lost_fires_by_the_deadline_when_a_majority_pauses() {
         cluster.node(i).resume();
     }
     match result {
-        Err(Error::LockLost { reason, .. }) => {
+        Err(Error::LeaseLost { reason, .. }) => {
             assert!(
-                matches!(reason, LostReason::ExtendFailed(_) | LostReason::Expired),
+                matches!(reason, LostReason::RenewalFailed(_) | LostReason::Expired),
                 "{reason}"
             );
         }
-        other => panic!("expected LockLost, got {other:?}"),
+        other => panic!("expected LeaseLost, got {other:?}"),
     }
     let (fired, valid_until, reason, _) = seen.lock().unwrap().clone().expect("signal observed");
     assert!(
@@ -106,7 +106,7 @@ async fn lost_fires_at_the_deadline_when_renewal_cannot_happen_in_time() {
         cluster.node(i).resume();
     }
     assert!(
-        matches!(reason, LostReason::Expired | LostReason::ExtendFailed(_)),
+        matches!(reason, LostReason::Expired | LostReason::RenewalFailed(_)),
         "{reason}"
     );
     assert!(
@@ -139,7 +139,7 @@ async fn max_hold_fires_and_renewal_traffic_stops() {
     assert!(
         matches!(
             result,
-            Err(Error::LockLost {
+            Err(Error::LeaseLost {
                 reason: LostReason::MaxHold,
                 ..
             })

@@ -266,7 +266,7 @@ fn killed_connections_reconnect_and_the_identity_is_rechecked() {
         assert!(
             reports
                 .iter()
-                .all(|r| r.outcome == redlock::NodeOutcome::Granted),
+                .all(|r| r.outcome == redlock::NodeOutcome::Confirmed),
             "{reports:?}"
         );
         let renamed = record(0).expect("recreated");

@@ -115,14 +115,14 @@ async fn lease_and_renewal_metrics_are_recorded() {
     // (A snapshot drains what it reads: the next one holds only what changed since.)
     assert_eq!(gauge(&rows(&snapshotter), "redlock_leases_held"), Some(4.0));
 
-    // Another owner's value on every node: the next renewal is refused (ExtendFailed).
+    // Another owner's value on every node: the next renewal is refused (RenewalFailed).
     for i in 0..3 {
         common::set(&cluster, i, "redlock:lock:m-taken", "someone-else").await;
     }
     let reason = tokio::time::timeout(Duration::from_secs(2), taken_over.lost())
         .await
         .unwrap();
-    assert!(matches!(reason, LostReason::ExtendFailed(_)), "{reason}");
+    assert!(matches!(reason, LostReason::RenewalFailed(_)), "{reason}");
     let lock = stopped.stop_renewal();
     released.release().await.unwrap();
     let reason = tokio::time::timeout(Duration::from_secs(2), capped.lost())
@@ -143,12 +143,12 @@ async fn lease_and_renewal_metrics_are_recorded() {
             Some(("reason", reason)),
         )
     };
-    assert_eq!(lost("extend_failed"), 1);
+    assert_eq!(lost("renewal_failed"), 1);
     assert_eq!(lost("max_hold"), 1);
     assert_eq!(lost("released"), 0);
     assert_eq!(lost("renewal_stopped"), 0);
     assert_eq!(counter(&snapshot, "redlock_lease_lost_total", None), 2);
-    for reason in ["released", "renewal_stopped", "extend_failed", "max_hold"] {
+    for reason in ["released", "renewal_stopped", "renewal_failed", "max_hold"] {
         let held = histogram(&snapshot, "redlock_hold_seconds", Some(("reason", reason)));
         assert_eq!(held.len(), 1, "{reason}: {held:?}");
         assert!(held[0] > 0.1 && held[0] < 5.0, "{reason}: {held:?}");
