@@ -315,8 +315,6 @@ impl Redlock {
     /// a notification that is lost costs at most that, never the whole timeout.
     ///
     /// "Not held" is a moment, not a promise: another client may take the lock right after.
-    /// On simulated nodes (`build_simulated`) the keys cannot be read, and it waits out the
-    /// timeout.
     ///
     /// # Errors
     /// [`Error::WaitTimedOut`] when the resource was still held (or too few nodes answered

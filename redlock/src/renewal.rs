@@ -475,6 +475,7 @@ impl<B: Backend> Renewer<B> {
         telemetry::renewal_round(started.elapsed());
         let now = Instant::now();
         let mut rescheduled = Vec::new();
+        let mut renewed = 0u64;
         for (j, held) in chunk.iter().enumerate() {
             let (ok, elapsed) = decided[j].unwrap_or((false, started.elapsed()));
             let decision = Decision {
@@ -488,7 +489,7 @@ impl<B: Backend> Renewer<B> {
             let result = Judge::new(Phase::Extend, &held.resources, held.ttl, &self.config)
                 .min_validity(held.min_validity)
                 .judge(&decision, &*self.backend, elapsed);
-            telemetry::renewal_outcome(result.is_ok());
+            renewed += u64::from(result.is_ok());
             if held.is_done() || held.lost.is_cancelled() {
                 continue;
             }
@@ -517,6 +518,7 @@ impl<B: Backend> Renewer<B> {
                 }
             }
         }
+        telemetry::renewal_outcomes(renewed, chunk.len() as u64 - renewed);
         let mut st = self.renewals.lock();
         let mut sooner = false;
         for (at, id, end) in rescheduled {

@@ -119,10 +119,10 @@ pub(crate) fn renewal_started(min_left: Option<Duration>) {
     }
 }
 
-/// One lock of a renewal round was decided.
-pub(crate) fn renewal_outcome(renewed: bool) {
-    let outcome = if renewed { "renewed" } else { "failed" };
-    metrics::counter!("redlock_renewal_total", "outcome" => outcome).increment(1);
+/// The locks of a renewal round were decided: `renewed` were, `failed` were not.
+pub(crate) fn renewal_outcomes(renewed: u64, failed: u64) {
+    metrics::counter!("redlock_renewal_total", "outcome" => "renewed").increment(renewed);
+    metrics::counter!("redlock_renewal_total", "outcome" => "failed").increment(failed);
 }
 
 /// Every lock of a renewal round was decided, `took` after it started.

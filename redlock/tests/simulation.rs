@@ -522,3 +522,55 @@ fn split_votes_between_clients_are_retried_soon() {
         );
     }
 }
+
+/// `wait_released` on simulated nodes: woken by the release's notification, by the keys'
+/// expiry (which publishes nothing), and timing out while a guard keeps renewing.
+#[test]
+fn wait_released_follows_release_expiry_and_timeout() {
+    runtime().block_on(async {
+        let cluster = SimCluster::new(5, 11);
+        let a = client(&cluster, Duration::from_secs(2));
+        let b = client(&cluster, Duration::from_secs(2));
+
+        let lock = a.acquire("cache").await.expect("free");
+        let waiter = tokio::spawn({
+            let b = b.clone();
+            async move {
+                b.wait_released("cache", Duration::from_secs(10))
+                    .await
+                    .map(|()| Instant::now())
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiter.is_finished(), "returned while held");
+        let released = Instant::now();
+        a.release(lock).await.expect("released");
+        let at = waiter.await.unwrap().expect("free after the release");
+        assert!(
+            at - released < Duration::from_millis(100),
+            "{:?} after the release",
+            at - released
+        );
+
+        let lock = a.acquire("cache").await.expect("free");
+        let started = Instant::now();
+        b.wait_released("cache", Duration::from_secs(10))
+            .await
+            .expect("free after expiry");
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(1900) && took <= Duration::from_millis(2100),
+            "{took:?} for a 2 s lock"
+        );
+        drop(lock);
+
+        let guard = a.lock("cache").guard().await.expect("free");
+        let e = b
+            .wait_released("cache", Duration::from_secs(3))
+            .await
+            .unwrap_err();
+        assert!(e.is_timeout(), "{e}");
+        assert!(!guard.is_lost());
+        guard.release().await.expect("released");
+    });
+}

@@ -392,6 +392,26 @@ impl SimNode {
     }
 }
 
+impl SimNode {
+    /// `PTTL key`, as the Redis backend reads it for `wait_released`.
+    async fn expiry(&self, live: Live, key: &str) -> Result<Option<Duration>, NodeError> {
+        match self
+            .send(
+                &live,
+                Req::Pttl {
+                    key: key.to_owned(),
+                },
+            )
+            .await?
+        {
+            Resp::Int(-2) => Ok(None),
+            Resp::Int(ms) if ms < 0 => Ok(Some(Duration::MAX)),
+            Resp::Int(ms) => Ok(Some(Duration::from_millis(ms.unsigned_abs()))),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
 impl Backend for SimBackend {
     fn len(&self) -> usize {
         self.nodes.len()
@@ -412,6 +432,15 @@ impl Backend for SimBackend {
     fn call(&self, i: usize, op: Arc<Op>) -> BoxFuture<'static, Result<Reply, NodeError>> {
         let node = Arc::clone(&self.nodes[i]);
         self.nodes[i].with_live(move |live| async move { node.request(live, &op).await }.boxed())
+    }
+
+    fn expiry(
+        &self,
+        i: usize,
+        key: Arc<str>,
+    ) -> BoxFuture<'static, Result<Option<Duration>, NodeError>> {
+        let node = Arc::clone(&self.nodes[i]);
+        self.nodes[i].with_live(move |live| async move { node.expiry(live, &key).await }.boxed())
     }
 
     fn extend_many(

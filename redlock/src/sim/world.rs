@@ -100,6 +100,10 @@ pub(crate) enum Req {
     },
     /// `INFO server`: the uptime.
     Info,
+    /// `PTTL key`: −2 when missing, −1 without expiry, else the ms left.
+    Pttl {
+        key: String,
+    },
     /// `SET key token NX PX ttl`.
     SetNx {
         key: String,
@@ -399,6 +403,14 @@ impl Node {
                 Resp::Ok
             }
             Req::Ping => Resp::Ok,
+            Req::Pttl { key } => Resp::Int(match self.get(ms, &key) {
+                None => -2,
+                Some(_) => self
+                    .data
+                    .get(&key)
+                    .and_then(|v| v.expires_ms)
+                    .map_or(-1, |e| e.saturating_sub(ms).max(0)),
+            }),
         };
         if let Some(log) = log {
             let _ = write!(log, " -> {resp:?}");
@@ -753,6 +765,7 @@ fn describe(req: &Req) -> String {
     match req {
         Req::Hello { .. } => "HELLO".into(),
         Req::Info => "INFO".into(),
+        Req::Pttl { key } => format!("PTTL {key}"),
         Req::SetNx { key, token, ttl_ms } => format!("SETNX {key} {token} {ttl_ms}"),
         Req::LoadScripts => "SCRIPT LOAD".into(),
         Req::OpenSub { .. } => "CONNECT(pubsub)".into(),
