@@ -144,29 +144,6 @@ impl Redlock {
         self.lock_many(resources).acquire().await
     }
 
-    /// Acquires with an explicit retry policy for this call. The same as
-    /// `self.lock_many(resources).retry(policy.clone()).acquire()`.
-    ///
-    /// # Errors
-    /// As [`Redlock::acquire`], and [`Error::Config`] for an unbounded policy.
-    ///
-    /// # Cancel safety
-    /// As [`Redlock::acquire`].
-    pub async fn acquire_with<I, S>(
-        &self,
-        resources: I,
-        policy: &RetryPolicy,
-    ) -> Result<Lock, Error>
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        self.lock_many(resources)
-            .retry(policy.clone())
-            .acquire()
-            .await
-    }
-
     /// Exactly one attempt (`self.lock(resource).wait(Duration::ZERO).acquire()`), made at
     /// once: it neither joins nor waits for the queue of this
     /// client's other acquirers of `resource` (which [`Redlock::acquire`] serves in FIFO order),

@@ -330,8 +330,8 @@ pub enum Error {
     InvalidResource(#[from] ResourceError),
     /// The configuration was rejected by `build()`, or found unusable on connecting (the same
     /// server behind two of the configured addresses); or an option of one call (a
-    /// [`LockRequest`](crate::LockRequest)'s TTL, minimum validity or retry policy,
-    /// `acquire_with`'s policy) was rejected before anything was sent.
+    /// [`LockRequest`](crate::LockRequest)'s TTL, minimum validity or retry policy)
+    /// was rejected before anything was sent.
     #[error("invalid configuration: {0}")]
     Config(#[from] ConfigError),
     /// The lock was taken by a client of other nodes. A lock can only be extended, guarded or

@@ -168,7 +168,7 @@ async fn bad_resources_are_rejected_before_anything_is_sent() {
         res(rl.try_acquire_many(many).await),
         ResourceError::TooMany { .. }
     ));
-    let e = rl.acquire_with(["a"], &unbounded()).await.unwrap_err();
+    let e = rl.lock("a").retry(unbounded()).acquire().await.unwrap_err();
     assert!(
         matches!(e, Error::Config(ConfigError::InvalidRetry(_))),
         "{e:?}"

@@ -408,7 +408,7 @@ async fn quarantine_scenario(quarantine: bool) -> (bool, Result<redlock::Lock, E
     // A few attempts: the first request on a connection to a restarted node may hit the old
     // socket and fail.
     let policy = RetryPolicy::attempts(4).with_delay(Duration::from_millis(20), Duration::ZERO);
-    let second = b.acquire_with(["q"], &policy).await;
+    let second = b.lock("q").retry(policy).acquire().await;
     (held.is_valid(), second)
 }
 

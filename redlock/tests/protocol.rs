@@ -305,10 +305,9 @@ async fn busy_and_unreachable_are_distinct() {
     let rl = client(cluster.urls(), Duration::from_secs(5));
     let held = rl.try_acquire("x").await.unwrap();
     let busy = rl
-        .acquire_with(
-            ["x"],
-            &RetryPolicy::attempts(2).with_delay(Duration::from_millis(5), Duration::ZERO),
-        )
+        .lock("x")
+        .retry(RetryPolicy::attempts(2).with_delay(Duration::from_millis(5), Duration::ZERO))
+        .acquire()
         .await
         .unwrap_err();
     assert!(busy.is_busy() && !busy.is_quorum_unreachable(), "{busy}");
