@@ -39,7 +39,10 @@ async fn pttls(cluster: &Cluster, key: &str) -> Vec<i64> {
         out.push(pttl);
     }
     let held: Vec<i64> = out.iter().copied().filter(|p| *p != -2).collect();
-    assert!(held.len() >= 2, "{key} held on fewer than a quorum: {out:?}");
+    assert!(
+        held.len() >= 2,
+        "{key} held on fewer than a quorum: {out:?}"
+    );
     held
 }
 
