@@ -160,15 +160,21 @@ impl Register for RedisRegister {
                     .fence
                     .set_if_admitted(&mut conn, &name, t, &value)
                     .await
-                    .map(drop),
+                    .map(drop)
+                    .map_err(|e| rejected(&e)),
+                // An unfenced write that failed may or may not have landed.
                 None => redis::cmd("SET")
                     .arg(self.fence.register_key(&name))
                     .arg(&value)
                     .query_async::<()>(&mut conn)
                     .await
-                    .map_err(FenceError::from),
+                    .map_err(|_| Rmw {
+                        read: None,
+                        outcome: Outcome::Unknown,
+                        error: Some("redis".to_owned()),
+                    }),
             };
-            written(read, wrote.map_err(|e| rejected(&e)))
+            written(read, wrote)
         })
     }
 

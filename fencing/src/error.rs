@@ -96,21 +96,15 @@ pub enum FenceError {
         /// What was unexpected.
         reason: String,
     },
-    /// Redis failed (connection, script error). The outcome of the admission is unknown.
+    /// The backend (Redis or PostgreSQL) failed: a connection error, a server error, an
+    /// aborted transaction. The outcome of the admission is unknown; with PostgreSQL the
+    /// caller's transaction is usually aborted and must be rolled back.
     ///
-    /// Converting a [`redis::RedisError`] with `From` gives the malformed-input variants instead
-    /// when it is the admission script's `FENCEMALFORMED` error reply.
-    #[cfg(feature = "redis")]
-    #[error("redis: {0}")]
-    Redis(#[source] redis::RedisError),
-    /// PostgreSQL failed. The caller's transaction is usually aborted and must be rolled back.
-    ///
-    /// Converting a [`tokio_postgres::Error`] with `From` gives the malformed-input variants
-    /// instead when it is the admission function's SQLSTATE `FN003` (the transaction is aborted
-    /// then too).
-    #[cfg(feature = "postgres")]
-    #[error("postgres: {0}")]
-    Postgres(#[source] tokio_postgres::Error),
+    /// The backend's own error is the [`source`](std::error::Error::source) of this one (the
+    /// client library's error type is not part of this crate's API, so a new major version of
+    /// it is not a breaking change here).
+    #[error(transparent)]
+    Backend(BackendError),
 }
 
 impl FenceError {
@@ -128,6 +122,21 @@ impl FenceError {
     /// opposed to bad input or a backend failure.
     pub fn is_rejection(&self) -> bool {
         self.is_stale() || self.is_unrelated()
+    }
+
+    /// The typed error for a backend's malformed-input message, for callers that run the
+    /// admission themselves through another client (sqlx, diesel, a Redis client of their
+    /// own): the message of the PostgreSQL admission function's SQLSTATE `FN003` error, or the
+    /// text after the `FENCEMALFORMED` code of the Redis script's error reply. Gives the variant
+    /// [`FenceToken::new`](crate::FenceToken::new) gives for the same defect
+    /// ([`is_malformed`](Self::is_malformed) is true, whatever the wording).
+    pub fn from_malformed_message(message: &str) -> FenceError {
+        malformed_from_backend(message)
+    }
+
+    /// True for [`FenceError::Backend`]: the backend failed and the outcome is unknown.
+    pub fn is_backend(&self) -> bool {
+        matches!(self, FenceError::Backend(_))
     }
 
     /// True for bad token input, whether found by this crate (parsing, [`FenceToken::new`])
@@ -150,25 +159,79 @@ impl FenceError {
     }
 }
 
+/// Which backend failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Backend {
+    /// Redis (or Valkey), used by `RedisFence`.
+    Redis,
+    /// PostgreSQL, used by `PgFence` and `PgSequence`.
+    Postgres,
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Redis => "redis",
+            Backend::Postgres => "postgres",
+        })
+    }
+}
+
+/// A backend's failure: which backend, and its client library's error as the
+/// [`source`](std::error::Error::source) (downcast it to `redis::RedisError` or
+/// `tokio_postgres::Error` for the details).
+#[derive(Debug)]
+pub struct BackendError {
+    backend: Backend,
+    source: Box<dyn std::error::Error + Send + Sync + 'static>,
+}
+
+impl BackendError {
+    #[cfg(any(feature = "redis", feature = "postgres"))]
+    pub(crate) fn new(
+        backend: Backend,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            backend,
+            source: Box::new(source),
+        }
+    }
+
+    /// The backend that failed.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+}
+
+impl std::fmt::Display for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.backend, self.source)
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
 /// Prefix of the malformed-input messages of the Redis admission script and the PostgreSQL
 /// admission function.
-#[cfg(any(feature = "redis", feature = "postgres"))]
 const MALFORMED_PREFIX: &str = "malformed fence token: ";
 
 /// Reason of the backends' error for lists of different lengths (or missing, or nested).
-#[cfg(any(feature = "redis", feature = "postgres"))]
 const LISTS_REASON: &str = "node and stamp lists are missing, not flat, or of different lengths";
 
 /// Reason of the backends' error for a stamp that is NULL, negative, not a canonical decimal
 /// or above `MAX_STAMP`.
-#[cfg(any(feature = "redis", feature = "postgres"))]
 const STAMP_REASON: &str = "stamp is not an integer from 0 to 2^63 - 1";
 
 /// Maps the message of a backend's malformed-input error,
 /// `malformed fence token: [claim <i>: ]<reason>`, to the variant that
 /// [`FenceToken::new`](crate::FenceToken::new) gives for the same defect. The Redis script and
 /// the PostgreSQL function check the same things in the same order and word them alike.
-#[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) fn malformed_from_backend(message: &str) -> FenceError {
     let reason = message.strip_prefix(MALFORMED_PREFIX).unwrap_or(message);
     let reason = match reason
@@ -212,7 +275,7 @@ pub(crate) fn malformed_from_backend(message: &str) -> FenceError {
     }
 }
 
-#[cfg(all(test, any(feature = "redis", feature = "postgres")))]
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -47,7 +47,7 @@ mod redis_fence;
 mod telemetry;
 mod token;
 
-pub use error::FenceError;
+pub use error::{Backend, BackendError, FenceError};
 pub use high_water::{Admission, HighWater};
 pub use memory::MemoryFence;
 #[cfg(feature = "postgres")]

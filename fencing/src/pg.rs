@@ -4,7 +4,7 @@
 use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Transaction};
 
-use crate::error::{FenceError, malformed_from_backend};
+use crate::error::{Backend, BackendError, FenceError, malformed_from_backend};
 use crate::high_water::{Admission, HighWater};
 use crate::pg_sql::{PgFence, check_ident, high_water_from};
 use crate::token::{ScalarToken, TokenRef};
@@ -18,14 +18,17 @@ impl PgFence {
     ///
     /// # Errors
     ///
-    /// [`FenceError::Postgres`].
+    /// [`FenceError::Backend`].
     ///
     /// # Cancel safety
     ///
     /// The DDL runs as one implicit transaction: dropping the future leaves either all of it or
     /// none. Running it again is harmless.
     pub async fn create_schema(&self, client: &impl GenericClient) -> Result<(), FenceError> {
-        client.batch_execute(&self.schema_sql()).await?;
+        client
+            .batch_execute(&self.schema_sql())
+            .await
+            .map_err(from_pg)?;
         Ok(())
     }
 
@@ -34,7 +37,7 @@ impl PgFence {
     ///
     /// ```no_run
     /// # async fn demo(client: &mut tokio_postgres::Client, token: &fencing::FenceToken)
-    /// # -> Result<(), fencing::FenceError> {
+    /// # -> Result<(), Box<dyn std::error::Error>> {
     /// let fence = fencing::PgFence::new();
     /// fence.create_schema(&*client).await?; // once, at deployment
     /// let tx = client.transaction().await?;
@@ -48,7 +51,7 @@ impl PgFence {
     ///
     /// [`FenceError::Stale`] / [`FenceError::Unrelated`] when rejected: nothing was changed,
     /// the transaction is still usable, and the caller should roll it back.
-    /// [`FenceError::StampOutOfRange`], [`FenceError::Postgres`] (the transaction is then
+    /// [`FenceError::StampOutOfRange`], [`FenceError::Backend`] (the transaction is then
     /// aborted), [`FenceError::UnexpectedReply`] on schema drift. (A token from this crate is
     /// always well-formed; should the function still reject it as malformed, the error is the
     /// typed one of [`FenceError::is_malformed`] and the transaction is aborted.)
@@ -74,15 +77,21 @@ impl PgFence {
                     (&stamps, Type::INT8_ARRAY),
                 ],
             )
-            .await?;
-        self.admission_from_row(token, row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)
+            .await
+            .map_err(from_pg)?;
+        self.admission_from_row(
+            token,
+            row.try_get(0).map_err(from_pg)?,
+            row.try_get(1).map_err(from_pg)?,
+            row.try_get(2).map_err(from_pg)?,
+        )
     }
 
     /// `resource`'s high water as committed (or as seen by `client`'s transaction).
     ///
     /// # Errors
     ///
-    /// [`FenceError::Postgres`], [`FenceError::UnexpectedReply`] on schema drift.
+    /// [`FenceError::Backend`], [`FenceError::UnexpectedReply`] on schema drift.
     ///
     /// # Cancel safety
     ///
@@ -98,25 +107,25 @@ impl PgFence {
         );
         match client
             .query_typed_opt(&sql, &[(&resource, Type::TEXT)])
-            .await?
+            .await
+            .map_err(from_pg)?
         {
             None => Ok(HighWater::new()),
-            Some(row) => high_water_from(row.try_get(0)?, row.try_get(1)?),
+            Some(row) => high_water_from(
+                row.try_get(0).map_err(from_pg)?,
+                row.try_get(1).map_err(from_pg)?,
+            ),
         }
     }
 }
 
-impl From<tokio_postgres::Error> for FenceError {
-    /// [`FenceError::Postgres`], except for the admission function's malformed-input error
-    /// (SQLSTATE `FN003`), which becomes the variant of the same defect
-    /// ([`FenceError::is_malformed`]).
-    fn from(err: tokio_postgres::Error) -> Self {
-        match err.as_db_error() {
-            Some(db) if db.code().code() == MALFORMED_SQLSTATE => {
-                malformed_from_backend(db.message())
-            }
-            _ => FenceError::Postgres(err),
-        }
+/// A PostgreSQL error as a [`FenceError`]: [`FenceError::Backend`], except for the admission
+/// function's malformed-input error (SQLSTATE `FN003`), which becomes the variant of the same
+/// defect ([`FenceError::is_malformed`]).
+pub(crate) fn from_pg(err: tokio_postgres::Error) -> FenceError {
+    match err.as_db_error() {
+        Some(db) if db.code().code() == MALFORMED_SQLSTATE => malformed_from_backend(db.message()),
+        _ => FenceError::Backend(BackendError::new(Backend::Postgres, err)),
     }
 }
 
@@ -149,7 +158,7 @@ impl PgSequence {
     ///
     /// # Errors
     ///
-    /// [`FenceError::Postgres`].
+    /// [`FenceError::Backend`].
     ///
     /// # Cancel safety
     ///
@@ -157,7 +166,8 @@ impl PgSequence {
     pub async fn create(&self, client: &impl GenericClient) -> Result<(), FenceError> {
         client
             .batch_execute(&format!("CREATE SEQUENCE IF NOT EXISTS {}", self.name))
-            .await?;
+            .await
+            .map_err(from_pg)?;
         Ok(())
     }
 
@@ -165,14 +175,17 @@ impl PgSequence {
     ///
     /// # Errors
     ///
-    /// [`FenceError::Postgres`].
+    /// [`FenceError::Backend`].
     ///
     /// # Cancel safety
     ///
     /// A dropped call may consume a value nobody sees; harmless.
     pub async fn next(&self, client: &impl GenericClient) -> Result<ScalarToken, FenceError> {
-        let row = client.query_typed_one(&self.next_sql, &[]).await?;
-        let v: i64 = row.try_get(0)?;
+        let row = client
+            .query_typed_one(&self.next_sql, &[])
+            .await
+            .map_err(from_pg)?;
+        let v: i64 = row.try_get(0).map_err(from_pg)?;
         u64::try_from(v)
             .map(ScalarToken)
             .map_err(|_| FenceError::UnexpectedReply {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use redis::Script;
 use redis::aio::ConnectionLike;
 
-use crate::error::{FenceError, malformed_from_backend};
+use crate::error::{Backend, BackendError, FenceError, malformed_from_backend};
 use crate::high_water::{Admission, HighWater};
 use crate::token::{MAX_CLAIMS, MAX_NODE_NAME_LEN, TokenRef};
 
@@ -123,14 +123,13 @@ const _: () = assert!(MAX_CLAIMS == 32 && MAX_NODE_NAME_LEN == 128);
 /// The error code of the script's malformed-input error reply.
 const MALFORMED_CODE: &str = "FENCEMALFORMED";
 
-impl From<redis::RedisError> for FenceError {
-    /// [`FenceError::Redis`], except for the admission script's `FENCEMALFORMED` error reply,
-    /// which becomes the variant of the same defect ([`FenceError::is_malformed`]).
-    fn from(err: redis::RedisError) -> Self {
-        match err.detail() {
-            Some(detail) if err.code() == Some(MALFORMED_CODE) => malformed_from_backend(detail),
-            _ => FenceError::Redis(err),
-        }
+/// A Redis error as a [`FenceError`]: [`FenceError::Backend`], except for the admission
+/// script's `FENCEMALFORMED` error reply, which becomes the variant of the same defect
+/// ([`FenceError::is_malformed`]).
+fn from_redis(err: redis::RedisError) -> FenceError {
+    match err.detail() {
+        Some(detail) if err.code() == Some(MALFORMED_CODE) => malformed_from_backend(detail),
+        _ => FenceError::Backend(BackendError::new(Backend::Redis, err)),
     }
 }
 
@@ -204,7 +203,7 @@ impl RedisFence {
     /// reply before anything is written). Replies `{code, high_water}`: 1 advanced, 2 repeated,
     /// -1 stale, -2 unrelated; `high_water` is the flat `HGETALL` on a rejection. Malformed
     /// arguments get the error reply `FENCEMALFORMED malformed fence token: <reason>` and
-    /// change nothing; `FenceError::from` maps it to a typed error
+    /// change nothing; `RedisFence` maps that reply to a typed error
     /// ([`FenceError::is_malformed`]).
     pub fn script_source() -> &'static str {
         ADMIT_SRC
@@ -227,7 +226,7 @@ impl RedisFence {
     /// # Errors
     ///
     /// [`FenceError::Stale`] / [`FenceError::Unrelated`] when rejected (nothing written),
-    /// [`FenceError::StampOutOfRange`], [`FenceError::Redis`] when the outcome is unknown.
+    /// [`FenceError::StampOutOfRange`], [`FenceError::Backend`] when the outcome is unknown.
     ///
     /// # Cancel safety
     ///
@@ -312,7 +311,7 @@ impl RedisFence {
     ///
     /// # Errors
     ///
-    /// [`FenceError::Redis`].
+    /// [`FenceError::Backend`].
     ///
     /// # Cancel safety
     ///
@@ -325,14 +324,15 @@ impl RedisFence {
         Ok(redis::cmd("GET")
             .arg(self.register_key(name))
             .query_async(conn)
-            .await?)
+            .await
+            .map_err(from_redis)?)
     }
 
     /// `resource`'s high water as stored (empty if nothing was admitted).
     ///
     /// # Errors
     ///
-    /// [`FenceError::Redis`], or [`FenceError::UnexpectedReply`] when the hash holds a
+    /// [`FenceError::Backend`], or [`FenceError::UnexpectedReply`] when the hash holds a
     /// non-numeric stamp.
     ///
     /// # Cancel safety
@@ -346,7 +346,8 @@ impl RedisFence {
         let flat: Vec<String> = redis::cmd("HGETALL")
             .arg(self.high_water_key(resource))
             .query_async(conn)
-            .await?;
+            .await
+            .map_err(from_redis)?;
         parse_flat(flat)
     }
 
@@ -381,7 +382,7 @@ impl RedisFence {
                 }
             }
         }
-        let (code, flat): (i64, Vec<String>) = call.invoke_async(conn).await?;
+        let (code, flat): (i64, Vec<String>) = call.invoke_async(conn).await.map_err(from_redis)?;
         let verdict = match code {
             1 => Ok(Admission::Advanced),
             2 => Ok(Admission::Repeated),

@@ -285,7 +285,12 @@ async fn pg_admit(client: &Client, resource: &str, call: &Call) -> Result<Verdic
         .await
     {
         Ok(row) => from_code(row.get::<_, i16>(0).into()),
-        Err(e) => from_error("postgres", e.into()),
+        Err(e) => match e.as_db_error() {
+            Some(db) if db.code().code() == "FN003" => {
+                from_error("postgres", FenceError::from_malformed_message(db.message()))
+            }
+            _ => Err(TestCaseError::fail(format!("postgres failed: {e}"))),
+        },
     }
 }
 
@@ -326,7 +331,12 @@ async fn redis_admit(
     let reply: Result<(i64, Vec<String>), _> = cmd.query_async(conn).await;
     match reply {
         Ok((code, _)) => from_code(code),
-        Err(e) => from_error("redis", e.into()),
+        Err(e) => match e.detail() {
+            Some(detail) if e.code() == Some("FENCEMALFORMED") => {
+                from_error("redis", FenceError::from_malformed_message(detail))
+            }
+            _ => Err(TestCaseError::fail(format!("redis failed: {e}"))),
+        },
     }
 }
 

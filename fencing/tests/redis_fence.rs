@@ -117,10 +117,19 @@ async fn foreign_data_under_a_fence_key_is_reported() {
         Err(FenceError::UnexpectedReply { .. })
     ));
     let () = conn.set("fence:hw:s", "not a hash").await.unwrap();
-    assert!(matches!(
-        fence.admit(&mut conn, "s", &t("f1,a=1")).await,
-        Err(FenceError::Redis(_))
-    ));
+    let err = fence.admit(&mut conn, "s", &t("f1,a=1")).await.unwrap_err();
+    // A server error (WRONGTYPE) is a backend failure, with redis-rs's error as its source.
+    assert!(err.is_backend() && !err.is_malformed(), "{err:?}");
+    let FenceError::Backend(backend) = &err else {
+        unreachable!()
+    };
+    assert_eq!(backend.backend(), fencing::Backend::Redis);
+    let source = std::error::Error::source(&err).expect("a source");
+    let redis_err = source
+        .downcast_ref::<redlock_testkit::redis::RedisError>()
+        .expect("the source is redis-rs's error");
+    assert_eq!(redis_err.code(), Some("WRONGTYPE"), "{err}");
+    assert!(err.to_string().starts_with("redis: "), "{err}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -199,7 +208,7 @@ async fn script_rejects_duplicate_nodes_and_never_lowers_the_high_water() {
     let after = fence.high_water(&mut conn, "r").await.unwrap();
     let err = expect_malformed(&format!("a=12,a=10 (high water now {after})"), res);
     assert!(
-        matches!(FenceError::from(err), FenceError::DuplicateNode { ref node } if node == "a"),
+        matches!(FenceError::from_malformed_message(err.detail().unwrap_or_default()), FenceError::DuplicateNode { ref node } if node == "a"),
         "maps to DuplicateNode"
     );
     assert_unchanged(&mut conn, "a=12,a=10").await;
@@ -243,7 +252,7 @@ async fn script_rejects_stamps_that_are_not_canonical_decimals() {
         let res = eval_raw(&mut conn, "r", &["2", "a", "11", "b", stamp], Some("bad")).await;
         let after = RedisFence::new().high_water(&mut conn, "r").await;
         let err = expect_malformed(&format!("{what} (high water now {after:?})"), res);
-        let mapped = FenceError::from(err);
+        let mapped = FenceError::from_malformed_message(err.detail().unwrap_or_default());
         assert!(
             matches!(mapped, FenceError::MalformedToken { .. }),
             "{what}: {mapped:?}"
@@ -349,7 +358,7 @@ async fn script_enforces_the_token_caps_and_maps_to_typed_errors() {
         let res = eval_raw(&mut conn, "r", &args, Some("bad")).await;
         let after = RedisFence::new().high_water(&mut conn, "r").await;
         let err = expect_malformed(&format!("{what} (high water now {after:?})"), res);
-        let mapped = FenceError::from(err);
+        let mapped = FenceError::from_malformed_message(err.detail().unwrap_or_default());
         assert!(typed(&mapped), "{what}: mapped to {mapped:?}");
         assert_unchanged(&mut conn, what).await;
     }

@@ -130,11 +130,12 @@ async fn kleppmann_postgres() {
         data: &str,
     ) -> Result<Admission, FenceError> {
         let token: FenceToken = token.parse().unwrap();
-        let tx = client.transaction().await?;
+        let tx = client.transaction().await.expect("BEGIN");
         let admission = fence.admit(&tx, "file", &token).await?;
         tx.execute("UPDATE files SET data = $1 WHERE name = 'file'", &[&data])
-            .await?;
-        tx.commit().await?;
+            .await
+            .expect("UPDATE");
+        tx.commit().await.expect("COMMIT");
         Ok(admission)
     }
     assert_eq!(
