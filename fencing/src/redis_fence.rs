@@ -321,11 +321,11 @@ impl RedisFence {
         conn: &mut C,
         name: &str,
     ) -> Result<Option<Vec<u8>>, FenceError> {
-        Ok(redis::cmd("GET")
+        redis::cmd("GET")
             .arg(self.register_key(name))
             .query_async(conn)
             .await
-            .map_err(from_redis)?)
+            .map_err(from_redis)
     }
 
     /// `resource`'s high water as stored (empty if nothing was admitted).
