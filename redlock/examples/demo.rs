@@ -25,7 +25,7 @@ fn short(o: &NodeOutcome) -> &'static str {
         NodeOutcome::Confirmed => "granted",
         NodeOutcome::Refused => "refused",
         NodeOutcome::Failed(_) => "error",
-        NodeOutcome::TimedOut => "timeout",
+        NodeOutcome::TimedOut { .. } => "timeout",
         _ => "pending",
     }
 }

@@ -321,7 +321,7 @@ impl Redlock {
             let outcome = match tokio::time::timeout(timeout, backend.connect(i)).await {
                 Ok(Ok(_)) => NodeOutcome::Confirmed,
                 Ok(Err(e)) => NodeOutcome::Failed(e),
-                Err(_) => NodeOutcome::TimedOut,
+                Err(_) => NodeOutcome::TimedOut { after: timeout },
             };
             NodeReport {
                 node: backend.name(i).clone(),

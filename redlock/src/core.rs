@@ -499,6 +499,7 @@ impl<B: Backend> Core<B> {
                     granted: d.positive,
                     required: d.needed,
                     nodes,
+                    retries: None,
                 })
             }
         }

@@ -112,6 +112,11 @@ fn missed(
             granted: positive,
             required,
             nodes,
+            retries: (phase == PhaseName::Acquire).then_some(Retries {
+                attempts: 1,
+                waited: elapsed,
+                gave_up: GaveUp::SingleAttempt,
+            }),
         },
     }
 }
@@ -136,6 +141,11 @@ fn validity_left(
             ttl,
             drift: drift(ttl, drift_factor),
             min_validity,
+            retries: (phase == PhaseName::Acquire).then_some(Retries {
+                attempts: 1,
+                waited: elapsed,
+                gave_up: GaveUp::SingleAttempt,
+            }),
         })
 }
 
@@ -349,7 +359,7 @@ impl<B: Backend> Phase<B> {
         }));
         // Hand the requests over here, in the caller's order; the driver only polls them.
         let now = Instant::now();
-        let deadlines: Vec<Instant> = (0..n).map(|i| now + backend.budget(i)).collect();
+        let budgets: Vec<Duration> = (0..n).map(|i| backend.budget(i)).collect();
         let calls: FuturesUnordered<_> = (0..n)
             .map(|i| {
                 let call = handed_over(backend.call(i, Arc::clone(&op)));
@@ -360,7 +370,8 @@ impl<B: Backend> Phase<B> {
             Arc::clone(backend),
             Arc::clone(&state),
             calls,
-            deadlines,
+            now,
+            budgets,
             cleanup.clone(),
             name,
         ));
@@ -488,10 +499,12 @@ async fn drive<B: Backend>(
     backend: Arc<B>,
     state: Arc<Mutex<State>>,
     mut calls: FuturesUnordered<Tagged>,
-    deadlines: Vec<Instant>,
+    started: Instant,
+    budgets: Vec<Duration>,
     cleanup: Option<Arc<Op>>,
     phase: PhaseName,
 ) {
+    let deadlines: Vec<Instant> = budgets.iter().map(|b| started + *b).collect();
     let give_up = deadlines.iter().max().copied().unwrap_or_else(Instant::now) + DELIVERY_GRACE;
     let mut settled = vec![false; deadlines.len()];
     let next_deadline = |settled: &[bool]| {
@@ -527,7 +540,7 @@ async fn drive<B: Backend>(
                             &cleanup,
                             phase,
                             i,
-                            NodeOutcome::TimedOut,
+                            NodeOutcome::TimedOut { after: budgets[i] },
                             None,
                         );
                     }

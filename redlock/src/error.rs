@@ -39,8 +39,13 @@ pub enum NodeOutcome {
     /// The node answered with an error or the connection failed. The outcome is *unknown*: the
     /// command may still have run, so the node is treated as possibly holding the lock.
     Failed(NodeError),
-    /// No answer within the per-node timeout. Also an unknown outcome.
-    TimedOut,
+    /// No answer within the node's budget `after`: the node timeout for a request (plus the
+    /// connect allowance when the request had to open the connection first), the connect
+    /// timeout for [`Redlock::connect`](crate::Redlock::connect). Also an unknown outcome.
+    TimedOut {
+        /// The budget that ran out.
+        after: Duration,
+    },
     /// Still in flight when the overall outcome was decided; it is finished in the background.
     Pending,
 }
@@ -58,7 +63,7 @@ impl fmt::Display for NodeOutcome {
             Self::Confirmed => f.write_str("confirmed"),
             Self::Refused => f.write_str("refused"),
             Self::Failed(e) => write!(f, "error: {e}"),
-            Self::TimedOut => f.write_str("timed out"),
+            Self::TimedOut { after } => write!(f, "timed out: no answer within {after:?}"),
             Self::Pending => f.write_str("pending"),
         }
     }
@@ -223,6 +228,18 @@ pub struct NodeReport {
     pub outcome: NodeOutcome,
 }
 
+/// `"; gave up after …"` for an acquire's history, nothing without one.
+pub(crate) struct History<'a>(pub(crate) &'a Option<Retries>);
+
+impl fmt::Display for History<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(r) => write!(f, "; {r}"),
+            None => Ok(()),
+        }
+    }
+}
+
 pub(crate) struct NodeList<'a>(pub(crate) &'a [NodeReport]);
 
 impl fmt::Display for NodeList<'_> {
@@ -261,9 +278,10 @@ pub enum Error {
     },
     /// Too many nodes failed or timed out for a quorum in this phase.
     #[error(
-        "{phase} {}: quorum unreachable ({granted}/{required} nodes confirmed; {})",
+        "{phase} {}: quorum unreachable ({granted}/{required} nodes confirmed; {}){}",
         Names(resources),
-        NodeList(nodes)
+        NodeList(nodes),
+        History(retries)
     )]
     QuorumUnreachable {
         /// The resources of the lock.
@@ -276,11 +294,15 @@ pub enum Error {
         required: usize,
         /// Per-node outcomes.
         nodes: Vec<NodeReport>,
+        /// Acquire: the attempts made and which budget ran out (the per-node outcomes are the
+        /// last attempt's). `None` for extend and release, which make one attempt.
+        retries: Option<Retries>,
     },
     /// A quorum answered, but the time it took (plus clock drift) left no usable validity.
     #[error(
-        "{phase} {}: validity exhausted: took {elapsed:?} of a {ttl:?} TTL (drift allowance {drift:?}, minimum validity {min_validity:?})",
-        Names(resources)
+        "{phase} {}: validity exhausted: took {elapsed:?} of a {ttl:?} TTL (drift allowance {drift:?}, minimum validity {min_validity:?}){}",
+        Names(resources),
+        History(retries)
     )]
     ValidityExhausted {
         /// The resources of the lock.
@@ -295,6 +317,9 @@ pub enum Error {
         drift: Duration,
         /// The configured minimum validity.
         min_validity: Duration,
+        /// Acquire: the attempts made and which budget ran out (`elapsed` is the last
+        /// attempt's). `None` for extend and renewal.
+        retries: Option<Retries>,
     },
     /// The lock is no longer ours on a quorum (it expired or was taken over). Reported by
     /// `extend`; the lock is left as it is on every node.
@@ -415,18 +440,27 @@ impl Error {
         }
     }
 
-    /// The attempts an acquire made before giving up, on [`Error::Busy`].
+    /// The attempts an acquire made before giving up and which budget ran out: on every
+    /// error an acquire returns after trying ([`Error::Busy`], and
+    /// [`Error::QuorumUnreachable`] / [`Error::ValidityExhausted`] of the acquire phase).
     pub fn retries(&self) -> Option<&Retries> {
         match self {
             Self::Busy { retries, .. } => Some(retries),
+            Self::QuorumUnreachable { retries, .. } | Self::ValidityExhausted { retries, .. } => {
+                retries.as_ref()
+            }
             _ => None,
         }
     }
 
-    /// The error with `retries` as its history, for the variants that keep one.
+    /// The error with `history` as its retry history, for the variants that keep one.
     pub(crate) fn with_retries(mut self, history: Retries) -> Self {
-        if let Self::Busy { retries, .. } = &mut self {
-            *retries = history;
+        match &mut self {
+            Self::Busy { retries, .. } => *retries = history,
+            Self::QuorumUnreachable { retries, .. } | Self::ValidityExhausted { retries, .. } => {
+                *retries = Some(history);
+            }
+            _ => {}
         }
         self
     }

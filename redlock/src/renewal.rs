@@ -424,11 +424,11 @@ impl<B: Backend> Renewer<B> {
         let per_lock =
             Duration::from_micros(20) * u32::try_from(RENEWAL_WINDOW).unwrap_or(u32::MAX);
         let node_timeout = self.config.node_timeout;
+        let budget = (node_timeout * 2 + per_lock)
+            .min(shortest_ttl / 4)
+            .max(node_timeout);
         let mut calls: FuturesUnordered<_> = (0..n)
             .map(|i| {
-                let budget = (node_timeout * 2 + per_lock)
-                    .min(shortest_ttl / 4)
-                    .max(node_timeout);
                 let call = engine::handed_over(self.backend.extend_many(i, Arc::clone(&batch)));
                 async move { (i, tokio::time::timeout(budget, call).await) }
             })
@@ -459,7 +459,7 @@ impl<B: Backend> Renewer<B> {
                         _ => NodeOutcome::Refused,
                     },
                     Ok(Err(e)) => NodeOutcome::Failed(e.clone()),
-                    Err(_) => NodeOutcome::TimedOut,
+                    Err(_) => NodeOutcome::TimedOut { after: budget },
                 };
                 yes[j] += usize::from(outcome == NodeOutcome::Confirmed);
                 outcomes[j][i] = outcome;

@@ -40,7 +40,7 @@ pub(crate) fn node_outcome(node: &str, phase: Phase, outcome: &NodeOutcome) {
             tracing::debug!(node, %phase, kind = ?e.kind(), error = %e, "node error");
             metrics::counter!("redlock_node_errors_total", "node" => node.to_owned(), "phase" => phase_label(phase)).increment(1);
         }
-        NodeOutcome::TimedOut => {
+        NodeOutcome::TimedOut { .. } => {
             tracing::debug!(node, %phase, "node timed out");
             metrics::counter!("redlock_node_timeouts_total", "node" => node.to_owned(), "phase" => phase_label(phase)).increment(1);
         }

@@ -77,6 +77,44 @@ async fn busy_names_the_resource_and_keeps_its_retries() {
     holder.release(lock).await.unwrap();
 }
 
+/// An acquire that gives up on unreachable nodes keeps its history too, and each node that did
+/// not answer names the budget that ran out; extend and release make one attempt and keep none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_unreachable_keeps_the_acquires_retries_and_names_the_node_budget() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = client(cluster.urls());
+    let mut lock = rl.acquire("jobs:1").await.unwrap();
+    cluster.node(1).pause();
+    cluster.node(2).pause();
+
+    let e = rl.acquire("jobs:2").await.unwrap_err();
+    assert!(e.is_quorum_unreachable(), "{e}");
+    let retries = *e
+        .retries()
+        .expect("an acquire's QuorumUnreachable keeps its retries");
+    assert_eq!(
+        (retries.attempts, retries.gave_up),
+        (3, GaveUp::Attempts),
+        "{e}"
+    );
+    assert!(retries.waited >= Duration::from_millis(3 * 100), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("\"jobs:2\"")
+            && text.contains("timed out: no answer within 100ms")
+            && text.contains("gave up after 3 attempts"),
+        "{text}"
+    );
+
+    let e = rl.extend(&mut lock).await.unwrap_err();
+    assert!(e.is_quorum_unreachable(), "{e}");
+    assert!(e.retries().is_none(), "{e}");
+    assert!(!e.to_string().contains("gave up"), "{e}");
+    cluster.node(1).resume();
+    cluster.node(2).resume();
+    rl.release(lock).await.unwrap();
+}
+
 /// `Lost`, `QuorumUnreachable` (release), `ForeignLock`, `LeaseLost` and `WaitTimedOut` name
 /// the lock's resources; the wait's error names the timeout that ran out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

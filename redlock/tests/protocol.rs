@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{NODE_TIMEOUT, client, eventually, get, lock_keys, no_lock_keys_within, set};
-use redlock::{Error, NodeOutcome, RetryPolicy};
+use redlock::{Error, GaveUp, NodeOutcome, RetryPolicy};
 use redlock_testkit::Cluster;
 use redlock_testkit::redis::AsyncCommands;
 
@@ -113,12 +113,30 @@ async fn majority_paused_fails_fast_and_leaves_no_key_after_resume() {
         took < NODE_TIMEOUT + Duration::from_millis(150),
         "took {took:?}, per-node timeout {NODE_TIMEOUT:?}"
     );
+    // Each timed-out node names the budget that ran out (warm connections: the node
+    // timeout), and the error keeps the acquire's history.
     let timed_out = err
         .nodes()
         .iter()
-        .filter(|n| n.outcome == NodeOutcome::TimedOut)
+        .filter(|n| {
+            n.outcome
+                == NodeOutcome::TimedOut {
+                    after: NODE_TIMEOUT,
+                }
+        })
         .count();
     assert_eq!(timed_out, 3, "{err}");
+    assert!(
+        err.to_string()
+            .contains(&format!("timed out: no answer within {NODE_TIMEOUT:?}")),
+        "{err}"
+    );
+    let retries = err.retries().expect("an acquire's history");
+    assert_eq!(
+        (retries.attempts, retries.gave_up),
+        (1, GaveUp::SingleAttempt),
+        "{err}"
+    );
     // The paused nodes run the queued acquire and then the queued release, in order.
     assert!(
         no_lock_keys_within(&cluster, Duration::from_secs(3)).await,
