@@ -1,0 +1,163 @@
+//! `redlock run` on a terminal: a spinner on stderr while `--wait` waits (cleared afterwards),
+//! nothing for a single attempt or when stderr is not a terminal; and an interrupt while
+//! waiting ends the wait at once. stderr is a real pseudo-terminal here, not a pipe.
+
+mod common;
+
+use std::io::Read;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::{RUN_LIMIT, nodes, output, redlock};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use redlock::Redlock;
+use redlock_testkit::Cluster;
+
+/// A client of the test cluster that holds locks for the tests to wait on.
+fn holder(cluster: &Cluster) -> Redlock {
+    Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// Runs `redlock ARGS…` with stderr on a new pseudo-terminal; returns the exit code and every
+/// byte the terminal received.
+async fn on_a_terminal(args: &[&str]) -> (Option<i32>, String) {
+    let pty = nix::pty::openpty(None, None).expect("a pseudo-terminal");
+    let mut cmd = redlock(args);
+    cmd.stderr(Stdio::from(pty.slave));
+    let mut child = cmd.spawn().expect("redlock ran");
+    // Only the child keeps the terminal's slave side open now, so reading the master ends
+    // (EIO) when the child exits.
+    drop(cmd);
+    let master = std::fs::File::from(pty.master);
+    let reader = tokio::task::spawn_blocking(move || {
+        let mut master = master;
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = master.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            seen.extend_from_slice(&buf[..n]);
+        }
+        seen
+    });
+    let status = tokio::time::timeout(RUN_LIMIT, child.wait())
+        .await
+        .expect("redlock finished within the limit")
+        .expect("redlock ran");
+    let seen = tokio::time::timeout(Duration::from_secs(5), reader)
+        .await
+        .expect("the terminal closed")
+        .unwrap();
+    (status.code(), String::from_utf8_lossy(&seen).into_owned())
+}
+
+#[tokio::test]
+async fn a_spinner_shows_while_waiting_on_a_terminal_and_is_cleared() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = holder(&cluster);
+    let lock = rl.acquire("spin").await.unwrap();
+
+    let urls = nodes(&cluster);
+    let (code, seen) = on_a_terminal(&[
+        "--nodes", &urls, "run", "--wait", "700ms", "spin", "--", "true",
+    ])
+    .await;
+    assert_eq!(code, Some(75), "{seen:?}");
+    let frames = seen.matches("waiting for the lock on spin").count();
+    // One frame per 100 ms of a 700 ms wait (the first at once); allow a loaded machine to
+    // skip some, but not to show none.
+    assert!(frames >= 3, "{frames} spinner frames: {seen:?}");
+    assert!(
+        seen.contains("of 0.7s)"),
+        "the wait's limit is shown: {seen:?}"
+    );
+    // The line is cleared after the last frame, before the failure is reported.
+    let last_frame = seen.rfind("waiting for the lock on spin").unwrap();
+    let report = seen.find("redlock:").expect("a failure message");
+    assert!(report > last_frame, "{seen:?}");
+    assert!(
+        seen[last_frame..report].contains("\r\x1b[2K"),
+        "the spinner's line is cleared before the message: {seen:?}"
+    );
+    rl.release(lock).await.unwrap();
+}
+
+#[tokio::test]
+async fn no_spinner_for_a_single_attempt_or_off_a_terminal() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = holder(&cluster);
+    let lock = rl.acquire("quiet").await.unwrap();
+    let urls = nodes(&cluster);
+
+    // A single attempt on a terminal: no progress shown.
+    let (code, seen) = on_a_terminal(&["--nodes", &urls, "run", "quiet", "--", "true"]).await;
+    assert_eq!(code, Some(75), "{seen:?}");
+    assert!(!seen.contains("waiting for the lock"), "{seen:?}");
+    assert!(!seen.contains('\x1b'), "no control sequences: {seen:?}");
+
+    // A wait with stderr on a pipe (a log file, a cron mail): no spinner, no control sequences.
+    let out = output(redlock([
+        "--nodes", &urls, "run", "--wait", "400ms", "quiet", "--", "true",
+    ]))
+    .await;
+    assert_eq!(out.code, Some(75), "{out:?}");
+    assert!(!out.stderr.contains("waiting for the lock"), "{out:?}");
+    assert!(!out.stderr.contains('\x1b'), "{out:?}");
+
+    // Free: a waiting run on a terminal takes it at once and shows no leftover line.
+    rl.release(lock).await.unwrap();
+    let (code, seen) = on_a_terminal(&[
+        "--nodes", &urls, "run", "--wait", "5s", "quiet", "--", "true",
+    ])
+    .await;
+    assert_eq!(code, Some(0), "{seen:?}");
+    assert!(
+        seen.matches("waiting for the lock").count() <= 1,
+        "{seen:?}"
+    );
+}
+
+/// Ctrl-C (SIGINT) while `--wait` waits ends the wait promptly with 128 + 2, and leaves the
+/// holder's lock alone.
+#[tokio::test]
+async fn an_interrupt_while_waiting_exits_130_and_leaves_the_holders_lock() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = holder(&cluster);
+    let lock = rl.acquire("cron:0900").await.unwrap();
+    let urls = nodes(&cluster);
+
+    let mut cmd = redlock([
+        "--nodes",
+        &urls,
+        "run",
+        "--wait",
+        "10s",
+        "cron:0900",
+        "--",
+        "true",
+    ]);
+    let child = cmd.spawn().unwrap();
+    let pid = Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
+    // Let it reach the wait (several attempts refused).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let sent = Instant::now();
+    kill(pid, Signal::SIGINT).unwrap();
+    let out = common::finish(child).await;
+    assert_eq!(out.code, Some(130), "{out:?}");
+    assert!(
+        sent.elapsed() < Duration::from_secs(3),
+        "ended within the release allowance, not at the 10 s wait: {:?}",
+        sent.elapsed()
+    );
+    assert!(out.stderr.contains("interrupted while waiting"), "{out:?}");
+    // The holder still holds it, on every node.
+    let mut lock = lock;
+    rl.extend(&mut lock).await.expect("still ours");
+    rl.release(lock).await.unwrap();
+}
