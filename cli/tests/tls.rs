@@ -1,0 +1,71 @@
+//! `redlock run`, `status` and `doctor` against nodes that only speak TLS (`rediss://`), with
+//! the CA given by `--tls-ca`; and without it, the handshake fails rather than falling back.
+
+mod common;
+
+use common::{output, redlock};
+use redlock_testkit::{Cluster, TestPki};
+
+#[tokio::test]
+async fn run_status_and_doctor_reach_tls_nodes_with_a_custom_ca() {
+    let pki = TestPki::generate().unwrap();
+    let cluster = Cluster::builder()
+        .nodes(3)
+        .tls(pki.tls_files())
+        .start()
+        .await
+        .unwrap();
+    let urls: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .map(|n| n.tls_url().unwrap())
+        .collect();
+    let urls = urls.join(",");
+    let ca = pki.ca_path();
+    let ca = ca.to_str().unwrap();
+
+    // `run` with --keep leaves the lock for `status` to find.
+    let out = output(redlock([
+        "--nodes", &urls, "--tls-ca", ca, "run", "--keep", "--ttl", "20s", "tls:job", "--", "true",
+    ]))
+    .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+
+    let out = output(redlock([
+        "--nodes", &urls, "--tls-ca", ca, "status", "tls:job", "--json",
+    ]))
+    .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON");
+    assert_eq!(json["reachable"], 3, "{json:#}");
+    assert_eq!(json["held_by_quorum"], true, "{json:#}");
+
+    let out = output(redlock([
+        "--nodes",
+        &urls,
+        "--tls-ca",
+        ca,
+        "doctor",
+        "--json",
+        "--clock-sample",
+        "100ms",
+    ]))
+    .await;
+    let report: serde_json::Value =
+        serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    let unreachable: Vec<_> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["check"] == "reachable" && f["level"] != "ok")
+        .collect();
+    assert!(unreachable.is_empty(), "{report:#}");
+    assert_eq!(report["errors"], 0, "{report:#}");
+
+    // Without the CA: every node fails the handshake; status cannot tell (69), nothing is
+    // read in plain text.
+    let out = output(redlock(["--nodes", &urls, "status", "tls:job", "--json"])).await;
+    assert_eq!(out.code, Some(69), "{out:?}");
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON");
+    assert_eq!(json["reachable"], 0, "{json:#}");
+}
