@@ -31,6 +31,9 @@ pub(crate) async fn run() -> Result<u8, Failure> {
         v.extend(args.iter().map(|s| (*s).to_owned()));
         v
     };
+    // What each step is expected to show; a demo that shows something else says so and
+    // exits non-zero (CI runs it).
+    let mut surprises: Vec<String> = Vec::new();
     let run = async |args: &[&str]| {
         let all = with_nodes(args);
         let refs: Vec<&str> = all.iter().map(String::as_str).collect();
@@ -38,10 +41,12 @@ pub(crate) async fn run() -> Result<u8, Failure> {
     };
 
     println!("\n== 1. is this cluster fit for Redlock?");
-    run(&["doctor", "--clock-sample", "200ms"]).await?;
+    let doctor = run(&["doctor", "--clock-sample", "200ms"]).await?;
+    // Warnings (exit 0) are expected on a throwaway cluster; errors are not.
+    expect(&mut surprises, "doctor", doctor, 0);
 
     println!("\n== 2. a job under a lock: the command gets the resource and a fence token");
-    run(&[
+    let job = run(&[
         "run",
         "orders:42",
         "--",
@@ -50,6 +55,7 @@ pub(crate) async fn run() -> Result<u8, Failure> {
         "echo \"holding $REDLOCK_RESOURCE, fence token $REDLOCK_FENCE_TOKEN\"",
     ])
     .await?;
+    expect(&mut surprises, "a job under a lock", job, 0);
 
     println!("\n== 3. a second owner is refused while the first holds it (exit 75), or waits");
     let exe = std::env::current_exe().map_err(failed)?;
@@ -58,9 +64,16 @@ pub(crate) async fn run() -> Result<u8, Failure> {
         .spawn()
         .map_err(failed)?;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    run(&["status", "orders:42"]).await?;
-    run(&["run", "orders:42", "--", "echo", "never printed"]).await?;
-    run(&[
+    let status = run(&["status", "orders:42"]).await?;
+    expect(&mut surprises, "status of a held lock", status, 0);
+    let refused = run(&["run", "orders:42", "--", "echo", "never printed"]).await?;
+    expect(
+        &mut surprises,
+        "a second owner",
+        refused,
+        i32::from(exit::BUSY),
+    );
+    let waited = run(&[
         "run",
         "--wait",
         "5s",
@@ -70,6 +83,7 @@ pub(crate) async fn run() -> Result<u8, Failure> {
         "ran after the first released",
     ])
     .await?;
+    expect(&mut surprises, "a waiting second owner", waited, 0);
     let _ = first.wait().await;
 
     println!("\n== 4. contention: 4 hosts x 3 jobs on one lock, a plain counter file under it");
@@ -111,6 +125,12 @@ pub(crate) async fn run() -> Result<u8, Failure> {
         all_ok &= w.await.unwrap_or(false);
     }
     let count = std::fs::read_to_string(&counter).map_err(failed)?;
+    if !all_ok || count.trim() != "12" {
+        surprises.push(format!(
+            "contention: counter {}, all runs succeeded: {all_ok}",
+            count.trim()
+        ));
+    }
     println!(
         "   12 runs {}; counter = {} (exactly 12: no lost update)",
         if all_ok {
@@ -127,21 +147,29 @@ pub(crate) async fn run() -> Result<u8, Failure> {
         proxy.set_delay(Duration::from_millis(300), Duration::ZERO);
     }
     println!("   (node 0 paused, node 1 delayed by 300 ms)");
-    run(&["run", "cache:rebuild", "--", "true"]).await?;
+    let minority = run(&["run", "cache:rebuild", "--", "true"]).await?;
+    expect(&mut surprises, "a faulty minority", minority, 0);
 
     println!("\n== 6. without a quorum the answer is fast and definite (exit 69)");
     cluster.node(2).kill();
     println!("   (node 2 killed too)");
-    run(&["run", "cache:rebuild", "--", "true"]).await?;
+    let no_quorum = run(&["run", "cache:rebuild", "--", "true"]).await?;
+    expect(
+        &mut surprises,
+        "no quorum",
+        no_quorum,
+        i32::from(exit::UNAVAILABLE),
+    );
     cluster.node(0).resume();
     if let Some(proxy) = cluster.node(1).proxy() {
         proxy.heal();
     }
     println!("   (node 0 resumed, node 1 healed; node 2 still dead)");
-    run(&["run", "--wait", "2s", "cache:rebuild", "--", "true"]).await?;
+    let healed = run(&["run", "--wait", "2s", "cache:rebuild", "--", "true"]).await?;
+    expect(&mut surprises, "after healing", healed, 0);
 
     println!("\n== 7. a job longer than the TTL: renewed while it runs, then released");
-    run(&[
+    let long = run(&[
         "run",
         "--ttl",
         "500ms",
@@ -152,6 +180,7 @@ pub(crate) async fn run() -> Result<u8, Failure> {
         "sleep 1.6; echo finished a 1.6 s job under a 500 ms TTL",
     ])
     .await?;
+    expect(&mut surprises, "a job longer than the TTL", long, 0);
 
     println!("\n== 8. a lost lock stops the job (SIGTERM) and exits 79");
     let stealer = async {
@@ -167,13 +196,36 @@ pub(crate) async fn run() -> Result<u8, Failure> {
         run(&["run", "--ttl", "600ms", "fragile", "--", "sleep", "10"]),
         stealer
     );
-    result?;
+    expect(
+        &mut surprises,
+        "a lost lock",
+        result?,
+        i32::from(exit::LOST),
+    );
 
     tokio::time::sleep(Duration::from_millis(300)).await;
     let left = cluster.keys("redlock:lock:*").await;
     println!("\n== done: lock keys left on the nodes: {}", left.len());
+    if !left.is_empty() {
+        surprises.push(format!("{} lock keys left on the nodes", left.len()));
+    }
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(exit::OK)
+    if surprises.is_empty() {
+        println!("   every step showed what it should");
+        Ok(exit::OK)
+    } else {
+        Err(failed(format!(
+            "the demo did not show what it should: {}",
+            surprises.join("; ")
+        )))
+    }
+}
+
+/// Notes a step whose exit code was not the one the demo sets out to show.
+fn expect(surprises: &mut Vec<String>, step: &str, (code, _took): (i32, Duration), want: i32) {
+    if code != want {
+        surprises.push(format!("{step}: exit {code}, expected {want}"));
+    }
 }
 
 /// Runs this binary with `args`; prints the command (without the `--nodes` value, which the

@@ -161,3 +161,80 @@ async fn an_interrupt_while_waiting_exits_130_and_leaves_the_holders_lock() {
     rl.extend(&mut lock).await.expect("still ours");
     rl.release(lock).await.unwrap();
 }
+
+/// Ctrl-C typed on the terminal reaches the command once: the terminal sends SIGINT to the
+/// whole foreground process group (redlock and the command), so redlock must not pass it on
+/// as well (a second SIGINT means "force quit" to many programs). `script(1)` gives the command
+/// line a real terminal and the test types Ctrl-C into it. The command (python3) logs the
+/// origin of every SIGINT it receives: `si_code` 128 (`SI_KERNEL`) from the terminal, 0
+/// (`SI_USER`) from a `kill` — which would be redlock forwarding it.
+#[tokio::test]
+async fn ctrl_c_on_the_terminal_reaches_the_command_once() {
+    use tokio::io::AsyncWriteExt;
+
+    let cluster = Cluster::start(3).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (ready, got, stop) = (
+        dir.path().join("ready"),
+        dir.path().join("got"),
+        dir.path().join("stop"),
+    );
+    let job = dir.path().join("job.py");
+    std::fs::write(
+        &job,
+        "import os, signal, sys\n\
+         log = open(sys.argv[1], 'a', buffering=1)\n\
+         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n\
+         open(sys.argv[2], 'w').close()\n\
+         while not os.path.exists(sys.argv[3]):\n\
+         \x20   info = signal.sigtimedwait({signal.SIGINT}, 0.01)\n\
+         \x20   if info is not None:\n\
+         \x20       log.write(f'{info.si_code} {info.si_pid}\\n')\n",
+    )
+    .unwrap();
+    let line = format!(
+        "exec {} --nodes {} run term:job -- python3 {} {} {} {}",
+        env!("CARGO_BIN_EXE_redlock"),
+        nodes(&cluster),
+        job.display(),
+        got.display(),
+        ready.display(),
+        stop.display()
+    );
+    let mut child = tokio::process::Command::new("script")
+        .args(["-q", "-f", "-e", "-c", &line, "/dev/null"])
+        .env_remove("REDLOCK_NODES")
+        .env_remove("REDLOCK_PASSWORD")
+        .env_remove("REDLOCK_CONFIG")
+        .env("HOME", "/nonexistent-redlock-test")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("script(1) from util-linux");
+    common::wait_for_file(&ready).await;
+    let mut keys = child.stdin.take().unwrap();
+    keys.write_all(b"\x03").await.unwrap();
+    keys.flush().await.unwrap();
+    // Give a forwarded copy time to arrive.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    std::fs::write(&stop, "").unwrap();
+    let out = tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
+        .await
+        .expect("finished within the limit")
+        .unwrap();
+    drop(keys);
+    let seen = std::fs::read_to_string(&got).unwrap_or_default();
+    let codes: Vec<&str> = seen
+        .lines()
+        .map(|l| l.split(' ').next().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        codes,
+        ["128"],
+        "one SIGINT, from the terminal (si_code, si_pid per line): {seen:?} {out:?}"
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(cluster.keys("redlock:lock:*").await.is_empty(), "released");
+}
