@@ -19,9 +19,7 @@ use tokio::time::Instant;
 use crate::backend::{Backend, Op, Reply};
 use crate::claim::Claim;
 use crate::config::Config;
-use crate::error::{
-    Error, GaveUp, NodeError, NodeOutcome, NodeReport, Phase as PhaseName, Retries,
-};
+use crate::error::{Error, NodeError, NodeOutcome, NodeReport, Phase as PhaseName, Retries};
 use crate::telemetry;
 
 /// Which answers count towards the phase's goal.
@@ -94,11 +92,7 @@ fn missed(
             granted: positive,
             required,
             nodes,
-            retries: Retries {
-                attempts: 1,
-                waited: elapsed,
-                gave_up: GaveUp::SingleAttempt,
-            },
+            retries: Retries::single(elapsed),
         },
         PhaseName::Extend if refused > n - required => Error::NotHeld {
             resources,
@@ -112,11 +106,7 @@ fn missed(
             granted: positive,
             required,
             nodes,
-            retries: (phase == PhaseName::Acquire).then_some(Retries {
-                attempts: 1,
-                waited: elapsed,
-                gave_up: GaveUp::SingleAttempt,
-            }),
+            retries: (phase == PhaseName::Acquire).then(|| Retries::single(elapsed)),
         },
     }
 }
@@ -141,11 +131,7 @@ fn validity_left(
             ttl,
             drift: drift(ttl, drift_factor),
             min_validity,
-            retries: (phase == PhaseName::Acquire).then_some(Retries {
-                attempts: 1,
-                waited: elapsed,
-                gave_up: GaveUp::SingleAttempt,
-            }),
+            retries: (phase == PhaseName::Acquire).then(|| Retries::single(elapsed)),
         })
 }
 

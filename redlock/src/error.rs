@@ -204,6 +204,18 @@ pub struct Retries {
     pub gave_up: GaveUp,
 }
 
+impl Retries {
+    /// The history of one attempt that took `waited`; the acquire loop replaces it with the
+    /// call's whole history when it gives up.
+    pub(crate) fn single(waited: Duration) -> Self {
+        Self {
+            attempts: 1,
+            waited,
+            gave_up: GaveUp::SingleAttempt,
+        }
+    }
+}
+
 impl fmt::Display for Retries {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
