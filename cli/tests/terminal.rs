@@ -201,16 +201,9 @@ async fn ctrl_c_on_the_terminal_reaches_the_command_once() {
         ready.display(),
         stop.display()
     );
-    let mut child = tokio::process::Command::new("script")
+    let mut child = common::isolated("script")
         .args(["-q", "-f", "-e", "-c", &line, "/dev/null"])
-        .env_remove("REDLOCK_NODES")
-        .env_remove("REDLOCK_PASSWORD")
-        .env_remove("REDLOCK_CONFIG")
-        .env("HOME", "/nonexistent-redlock-test")
         .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .expect("script(1) from util-linux");
     common::wait_for_file(&ready).await;

@@ -15,12 +15,7 @@ async fn run_status_and_doctor_reach_tls_nodes_with_a_custom_ca() {
         .start()
         .await
         .unwrap();
-    let urls: Vec<String> = cluster
-        .nodes()
-        .iter()
-        .map(|n| n.tls_url().unwrap())
-        .collect();
-    let urls = urls.join(",");
+    let urls = cluster.tls_urls().expect("a TLS listener").join(",");
     let ca = pki.ca_path();
     let ca = ca.to_str().unwrap();
 

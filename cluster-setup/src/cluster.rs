@@ -206,6 +206,12 @@ impl Cluster {
         self.nodes.iter().map(RedisNode::client_url).collect()
     }
 
+    /// [`RedisNode::tls_url`] of every node, in order; `None` for a cluster started without
+    /// [`ClusterBuilder::tls`].
+    pub fn tls_urls(&self) -> Option<Vec<String>> {
+        self.nodes.iter().map(RedisNode::tls_url).collect()
+    }
+
     /// `(node index, key)` for every key matching `pattern` on every node that answers
     /// directly (not through the proxy) within 300 ms; killed or paused nodes are skipped.
     /// Sorted by node index, then key.

@@ -122,11 +122,7 @@ async fn tls_nodes_are_reachable_with_a_custom_ca() {
         .start()
         .await
         .unwrap();
-    let urls: Vec<String> = cluster
-        .nodes()
-        .iter()
-        .map(|n| n.tls_url().unwrap())
-        .collect();
+    let urls = cluster.tls_urls().expect("a TLS listener");
     assert!(urls.iter().all(|u| u.starts_with("rediss://")));
 
     let rl = Redlock::builder()

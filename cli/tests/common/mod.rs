@@ -33,9 +33,16 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<std::ffi::OsStr>,
 {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_redlock"));
-    cmd.args(args)
-        .env_remove("REDLOCK_NODES")
+    let mut cmd = isolated(env!("CARGO_BIN_EXE_redlock"));
+    cmd.args(args);
+    cmd
+}
+
+/// `program` (which may start `redlock` itself) with no REDLOCK_* variables and no config file
+/// reachable, stdin empty, stdout and stderr captured, killed when dropped.
+pub fn isolated(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.env_remove("REDLOCK_NODES")
         .env_remove("REDLOCK_PASSWORD")
         .env_remove("REDLOCK_CONFIG")
         .env("XDG_CONFIG_HOME", "/nonexistent-redlock-test")
