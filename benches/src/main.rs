@@ -9,7 +9,11 @@
 //! ```text
 //! redlock-bench [--quick] [--json FILE] [--plots DIR] [--nodes URL,URL,...]
 //!               [--hold-secs S] [--only latency,throughput,hot,held,faults] [--check]
+//!               [--n 1,3,5,7] [--impls redlock,floor,...]
 //! ```
+//!
+//! `--n` and `--impls` narrow the latency, throughput and hot-key phases for comparing one change; the
+//! targets table of such a run is partial.
 
 #![forbid(unsafe_code)]
 
@@ -115,6 +119,11 @@ struct Args {
     nodes: Option<Vec<String>>,
     hold_secs: Option<f64>,
     only: Option<Vec<String>>,
+    /// `--n`: node counts of the latency, throughput and hot-key phases (a subset of the plan's).
+    node_counts: Option<Vec<usize>>,
+    /// `--impls`: implementations timed in the throughput and hot-key phases (names as in the
+    /// tables).
+    impls: Option<Vec<String>>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -138,10 +147,33 @@ fn parse_args() -> Result<Args, String> {
                 args.hold_secs = Some(v);
             }
             "--only" => args.only = Some(value()?.split(',').map(str::to_owned).collect()),
+            "--n" => {
+                let counts = value()?
+                    .split(',')
+                    .map(|v| v.parse::<usize>().map_err(|e| format!("--n: {v:?}: {e}")))
+                    .collect::<Result<Vec<_>, _>>()?;
+                args.node_counts = Some(counts);
+            }
+            "--impls" => {
+                let names: Vec<String> = value()?.split(',').map(str::to_owned).collect();
+                if let Some(bad) = names
+                    .iter()
+                    .find(|n| !Impl::ALL.iter().any(|w| w.name() == *n))
+                {
+                    let known: Vec<_> = Impl::ALL.iter().map(|w| w.name()).collect();
+                    return Err(format!(
+                        "--impls: unknown {bad:?} (known: {})",
+                        known.join(", ")
+                    ));
+                }
+                args.impls = Some(names);
+            }
             "-h" | "--help" => {
                 println!(
                     "redlock-bench [--quick] [--json FILE] [--plots DIR] [--nodes URL,URL,...] \
-                     [--hold-secs S] [--only latency,throughput,hot,held,faults] [--check]"
+                     [--hold-secs S] [--only latency,throughput,hot,held,faults] [--check]\n\
+                     \x20              [--n 1,3,5,7] [--impls redlock,floor,...] \
+                     (partial runs, for comparing one change; their targets verdicts are partial)"
                 );
                 std::process::exit(0);
             }
@@ -258,6 +290,15 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
         }
     };
     plan.nodes.retain(|n| *n <= urls.len());
+    if let Some(counts) = &args.node_counts {
+        plan.nodes.retain(|n| counts.contains(n));
+        plan.hot_nodes.retain(|n| counts.contains(n));
+    }
+    let timed = |w: Impl| {
+        args.impls
+            .as_ref()
+            .is_none_or(|o| o.iter().any(|x| x == w.name()))
+    };
     plan.hot_nodes.retain(|n| *n <= urls.len());
     if plan.held_nodes > urls.len() {
         plan.held_nodes = plan.nodes.last().copied().unwrap_or(1);
@@ -333,16 +374,15 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
             }
             pb.inc(1);
             for &c in &plan.concurrencies {
-                for (k, client) in clients.iter().enumerate() {
-                    if wants("throughput") {
-                        // Rotate who goes first so warm-up effects do not favour one.
-                        let client = &clients[(k + c) % clients.len()];
+                for k in 0..clients.len() {
+                    // Rotate who goes first so warm-up effects do not favour one.
+                    let client = &clients[(k + c) % clients.len()];
+                    if wants("throughput") && timed(client.which()) {
                         pb.set_message(format!("throughput N={n} c={c} {}", client.which().name()));
                         report.throughput.push(
                             scenarios::throughput(n, client, &urls[..n], c, plan.tput_wall).await,
                         );
                     }
-                    let _ = client;
                     pb.inc(1);
                 }
             }
@@ -370,6 +410,9 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
                     which.name(),
                     if shared { " shared" } else { "" }
                 ));
+                if !timed(which) {
+                    continue;
+                }
                 let result = if which.waits() {
                     Some(scenarios::hot_key(n, which, &urls[..n], plan.hot_wall, shared).await?)
                 } else {
