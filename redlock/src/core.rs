@@ -307,7 +307,17 @@ impl<B: Backend> Core<B> {
                 last_attempt = _turn.is_none();
             }
             // Set once the lock turns out to be busy: the release notifications we wait for.
+            // When this client still listens on the resource's channel (it was waited on
+            // recently), set before the first attempt, so that a refusal waits for the release
+            // at once instead of retrying first (the retry covers a release missed while
+            // subscribing, which cannot happen here).
             let mut interest: Option<Interest> = None;
+            let channel = format!("{}{}", self.channel_prefix, resources[0]);
+            if let Some(waiters) = self.waiters.as_ref().filter(|_| !policy.single_attempt())
+                && waiters.subscribed(&channel)
+            {
+                interest = Some(waiters.interest(&channel).await);
+            }
             // Quick retries left after split votes, granted by a release notification (see
             // below); a split vote without a release before it is waited out like a refusal.
             let mut quick_retries = 0u32;
@@ -324,6 +334,7 @@ impl<B: Backend> Core<B> {
                 if let Some(n) = notified.as_mut() {
                     n.as_mut().enable();
                 }
+                let handoffs = interest.as_ref().map(Interest::handoffs);
                 let attempt_started = Instant::now();
                 let result = self.attempt(&resources, &keys, token, fixed, terms).await;
                 let round_trip = attempt_started.elapsed();
@@ -363,7 +374,6 @@ impl<B: Backend> Core<B> {
                 match (&self.waiters, err.is_busy(), &interest) {
                     (Some(waiters), true, None) => {
                         // Subscribe and retry at once: the holder may have left meanwhile.
-                        let channel = format!("{}{}", self.channel_prefix, resources[0]);
                         interest = Some(waiters.interest(&channel).await);
                     }
                     (_, _, Some(_)) if notified.is_some() => {
@@ -394,8 +404,13 @@ impl<B: Backend> Core<B> {
                             () = async { if let Some(w) = wake { w.await } } => true,
                             () = tokio::time::sleep(wait) => false,
                         };
+                        // A local hand-off: the release was this client's, meant for this
+                        // waiter, whose attempt reaches every node right behind the deletes.
+                        let handed = woken && interest.as_ref().map(Interest::handoffs) != handoffs;
                         if woken {
                             quick_retries = 3;
+                        }
+                        if woken && !handed {
                             // Every client's waiter hears the same release. Retrying all at once
                             // splits the nodes' votes so that nobody reaches a quorum; a random
                             // stagger of up to two round trips lets the first one win cleanly.
@@ -480,14 +495,19 @@ impl<B: Backend> Core<B> {
                 Goal::NoQuorumLeft,
                 None,
             );
-            let d = phase.decided().await;
-            telemetry::release_done(d.success);
             if let Some(w) = &self.waiters {
-                // Local waiters need not wait for the notification's round trip.
+                // The deletes are now queued on every node's connection, and this client's
+                // requests reach each node in the order they were made: a local waiter's
+                // acquire, made from here on, arrives behind them and cannot find our keys.
+                // So local waiters are woken now, without waiting for the release's round
+                // trip or the nodes' notification. (Should the release fail, their attempt
+                // is refused and they wait again.)
                 for c in channels.iter() {
                     w.notify_local(c);
                 }
             }
+            let d = phase.decided().await;
+            telemetry::release_done(d.success);
             let nodes = d.reports(&*self.backend);
             if d.success {
                 tracing::debug!(confirmed = d.positive, "released");

@@ -29,6 +29,10 @@ use crate::pubsub::{Message, SubClient, SubSink, SubStream};
 
 /// A channel nobody waited on for this long is unsubscribed (after the next new waiter).
 const IDLE: Duration = Duration::from_secs(30);
+/// Releases by a client in a row that let its own waiter retry without the stagger other
+/// clients' waiters keep; the next release is then open to everyone alike, so a client with many
+/// tasks cannot keep a hot lock to itself.
+pub(crate) const LOCAL_STREAK: u32 = 4;
 /// First pause before re-opening a broken subscription connection; doubled per failure.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// Longest pause between attempts to re-open a subscription connection.
@@ -40,6 +44,10 @@ struct Channel {
     notify: Arc<Notify>,
     waiters: usize,
     idle_since: Option<tokio::time::Instant>,
+    /// Releases by this client that handed the lock to a local waiter without the stagger.
+    handoffs: u64,
+    /// How many of the last releases by this client did so in a row.
+    streak: u32,
 }
 
 /// What one node's subscription task reports.
@@ -151,6 +159,18 @@ impl Drop for Interest {
     }
 }
 
+impl Interest {
+    /// Local hand-offs on the channel so far: when it grew while a waiter slept, the wake-up was
+    /// a release by this client meant for it, and it retries at once instead of after the
+    /// stagger that keeps the waiters of several clients from splitting the nodes' votes.
+    pub(crate) fn handoffs(&self) -> u64 {
+        lock(&self.waiters.shared.state)
+            .channels
+            .get(&self.channel)
+            .map_or(0, |c| c.handoffs)
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -209,9 +229,19 @@ impl Waiters {
         })
     }
 
-    /// Wakes local waiters on `channel` at once (a release by this client).
+    /// Wakes local waiters on `channel` at once (a release by this client). While a local
+    /// waiter is there, up to [`LOCAL_STREAK`] releases in a row are local hand-offs (see
+    /// [`Interest::handoffs`]); the one after that is not.
     pub(crate) fn notify_local(&self, channel: &str) {
-        if let Some(c) = lock(&self.shared.state).channels.get(channel) {
+        if let Some(c) = lock(&self.shared.state).channels.get_mut(channel) {
+            if c.waiters > 0 {
+                if c.streak < LOCAL_STREAK {
+                    c.streak += 1;
+                    c.handoffs += 1;
+                } else {
+                    c.streak = 0;
+                }
+            }
             c.notify.notify_waiters();
         }
     }
@@ -241,6 +271,8 @@ impl Waiters {
                     notify: Arc::new(Notify::new()),
                     waiters: 0,
                     idle_since: None,
+                    handoffs: 0,
+                    streak: 0,
                 }
             });
             c.waiters += 1;
@@ -268,6 +300,19 @@ impl Waiters {
         })
         .await;
         interest
+    }
+
+    /// Whether enough nodes confirmed a subscription to `channel` that a release cannot go
+    /// unheard (a channel waited on recently keeps its subscription for a while).
+    pub(crate) fn subscribed(&self, channel: &str) -> bool {
+        let state = lock(&self.shared.state);
+        state.channels.contains_key(channel)
+            && state
+                .nodes
+                .iter()
+                .filter(|n| n.subscribed.contains(channel))
+                .count()
+                >= self.needed()
     }
 
     /// Whether `channel` has `needed` confirmations, or cannot get them soon because too many
@@ -507,5 +552,48 @@ impl NodeSub {
             c.notify.notify_waiters();
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Nothing listens on port 1: the subscription task fails at once and `interest` returns.
+    fn waiters() -> Arc<Waiters> {
+        let client = redis::Client::open("redis://127.0.0.1:1").expect("a valid URL");
+        Arc::new(Waiters::new(
+            vec![SubClient::Redis(client)],
+            Duration::from_millis(20),
+            Duration::from_millis(20),
+        ))
+    }
+
+    #[tokio::test]
+    async fn local_hand_offs_stop_after_a_streak_and_need_a_local_waiter() {
+        let w = waiters();
+        // Nobody of this client waits: a release hands nothing off.
+        w.notify_local("c");
+        let interest = w.interest("c").await;
+        w.notify_local("other");
+        assert_eq!(interest.handoffs(), 0);
+        let mut seen = Vec::new();
+        for _ in 0..2 * (LOCAL_STREAK + 1) {
+            w.notify_local("c");
+            seen.push(interest.handoffs());
+        }
+        // LOCAL_STREAK hand-offs, one release open to everyone, and again.
+        let streak = u64::from(LOCAL_STREAK);
+        let expected: Vec<u64> = (1..=streak)
+            .chain([streak])
+            .chain(streak + 1..=2 * streak)
+            .chain([2 * streak])
+            .collect();
+        assert_eq!(seen, expected);
+        drop(interest);
+        // The waiter left: releases hand nothing off any more.
+        w.notify_local("c");
+        let again = w.interest("c").await;
+        assert_eq!(again.handoffs(), 2 * streak);
     }
 }
