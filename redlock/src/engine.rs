@@ -1,8 +1,11 @@
 //! The quorum engine: fan a request out to every node in parallel, decide as soon as the
-//! outcome is known, and keep folding in late answers in a spawned driver so nothing leaks.
+//! outcome is known, and keep folding in late answers so nothing leaks.
 //!
-//! The driver owns the per-node futures, so dropping the caller's future never drops a request
-//! that may already have reached a node. When an acquire attempt is abandoned (failure,
+//! The driver owns the per-node futures. The caller's task polls it while it waits for the
+//! decision, so a phase whose nodes all answer by then (always with one node) costs no task;
+//! whatever is still in flight when the phase is dropped — late answers after the decision, or
+//! everything when the caller's future was dropped — is driven on by a spawned task. So
+//! dropping the caller's future never drops a request that may already have reached a node. When an acquire attempt is abandoned (failure,
 //! exhausted validity, or the caller's future dropped), every node that granted or whose outcome
 //! is unknown gets the cleanup request — immediately for nodes that already answered, and on
 //! arrival for late answers.
@@ -10,9 +13,9 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use futures_util::future::{self as future, BoxFuture, Either};
 use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -309,6 +312,8 @@ pub(crate) struct Phase<B: Backend> {
     rx: oneshot::Receiver<Decision>,
     cleanup: Option<Arc<Op>>,
     name: PhaseName,
+    /// The driver, until it finished or was handed to a task of its own (see [`Drop`]).
+    driver: Option<BoxFuture<'static, ()>>,
 }
 
 impl<B: Backend> std::fmt::Debug for Phase<B> {
@@ -322,7 +327,7 @@ fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
 }
 
 impl<B: Backend> Phase<B> {
-    /// Sends `op` to every node from a spawned driver task. Must run inside a tokio runtime.
+    /// Sends `op` to every node. Must run inside a tokio runtime.
     pub(crate) fn start(
         backend: &Arc<B>,
         name: PhaseName,
@@ -352,7 +357,7 @@ impl<B: Backend> Phase<B> {
                 Box::pin(async move { (i, call.await) }) as Tagged
             })
             .collect();
-        tokio::spawn(drive(
+        let driver = drive(
             Arc::clone(backend),
             Arc::clone(&state),
             calls,
@@ -360,22 +365,35 @@ impl<B: Backend> Phase<B> {
             budgets,
             cleanup.clone(),
             name,
-        ));
+        )
+        .boxed();
         Self {
             backend: Arc::clone(backend),
             state,
             rx,
             cleanup,
             name,
+            driver: Some(driver),
         }
     }
 
-    /// Waits until the outcome is decided.
+    /// Waits until the outcome is decided, driving the requests meanwhile.
     ///
     /// Cancel safety: dropping this future (and the phase) abandons an acquire attempt; the
-    /// driver keeps running and releases whatever was granted.
+    /// driver goes on in a task of its own and releases whatever was granted.
     pub(crate) async fn decided(&mut self) -> Decision {
-        match (&mut self.rx).await {
+        let received = match self.driver.as_mut() {
+            Some(driver) => match future::select(&mut self.rx, driver).await {
+                Either::Left((received, _)) => received,
+                // The driver sends the decision before it finishes: it is in the channel now.
+                Either::Right(((), _)) => {
+                    self.driver = None;
+                    (&mut self.rx).await
+                }
+            },
+            None => (&mut self.rx).await,
+        };
+        match received {
             Ok(d) => d,
             // The driver cannot drop the sender without sending unless it panicked; report
             // every node as failed rather than hanging or panicking here.
@@ -406,18 +424,28 @@ impl<B: Backend> Phase<B> {
 
 impl<B: Backend> Drop for Phase<B> {
     fn drop(&mut self) {
-        let Some(cleanup) = self.cleanup.take() else {
-            return;
-        };
-        let targets: Vec<usize> = {
-            let mut st = lock(&self.state);
-            st.abandoned = true;
-            (0..st.outcomes.len())
-                .filter(|&i| st.take_cleanup(i))
-                .collect()
-        };
-        for i in targets {
-            send_cleanup(&self.backend, i, Arc::clone(&cleanup), self.name);
+        if let Some(cleanup) = self.cleanup.take() {
+            let targets: Vec<usize> = {
+                let mut st = lock(&self.state);
+                st.abandoned = true;
+                (0..st.outcomes.len())
+                    .filter(|&i| st.take_cleanup(i))
+                    .collect()
+            };
+            for i in targets {
+                send_cleanup(&self.backend, i, Arc::clone(&cleanup), self.name);
+            }
+        }
+        // Requests still in flight: their answers are folded in (late claims, cleanups of late
+        // grants of an abandoned attempt, telemetry) by a task of their own.
+        if let Some(driver) = self.driver.take() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => drop(rt.spawn(driver)),
+                Err(_) => tracing::warn!(
+                    phase = ?self.name,
+                    "no runtime to follow the requests still in flight; a grant among them expires with its TTL"
+                ),
+            }
         }
     }
 }
