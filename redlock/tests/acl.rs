@@ -3,6 +3,8 @@
 //! acquirer and with `wait_released`), releases and falls back from `EVALSHA` to `EVAL` after a
 //! script-cache flush; and each rule, taken away, breaks one of those steps.
 
+mod common;
+
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -113,25 +115,6 @@ fn fail<T>(step: Step, why: impl std::fmt::Display) -> Result<T, (Step, String)>
     Err((step, why.to_string()))
 }
 
-/// How many nodes have a subscriber on `channel`.
-async fn subscribed_nodes(cluster: &Cluster, channel: &str) -> usize {
-    let mut n = 0;
-    for node in cluster.nodes() {
-        let mut c = node.connection().await.unwrap();
-        // A flat reply: channel, count.
-        let reply: Vec<redis::Value> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(channel)
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        if matches!(reply.get(1), Some(redis::Value::Int(k)) if *k > 0) {
-            n += 1;
-        }
-    }
-    n
-}
-
 /// Everything the client does on a node, as user `user`; `Err` names the first step that
 /// failed. Every wait is bounded.
 async fn scenario(cluster: &Cluster, user: &str, resource: &str) -> Result<(), (Step, String)> {
@@ -182,7 +165,7 @@ async fn scenario(cluster: &Cluster, user: &str, resource: &str) -> Result<(), (
     };
     let mut listening = false;
     for _ in 0..50 {
-        if subscribed_nodes(cluster, &channel).await >= 2 {
+        if common::subscribed_nodes(cluster, &channel).await >= 2 {
             listening = true;
             break;
         }

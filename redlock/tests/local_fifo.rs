@@ -158,8 +158,16 @@ async fn a_local_waiter_is_woken_when_the_release_is_sent() {
         let rl = rl.clone();
         tokio::spawn(async move { rl.acquire("early").await })
     };
-    // The waiter queues, is refused, subscribes and waits for a release.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The waiter queues, is refused, subscribes, is refused again and waits for a release.
+    let channel = format!("{}release:early", redlock::DEFAULT_KEY_PREFIX);
+    assert!(
+        common::eventually(Duration::from_secs(10), || async {
+            common::subscribed_nodes(&cluster, &channel).await == 3
+        })
+        .await,
+        "the waiter subscribed"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!waiter.is_finished(), "the waiter got a held lock");
     for node in cluster.nodes() {
         node.proxy()

@@ -55,6 +55,25 @@ pub async fn set(cluster: &Cluster, i: usize, key: &str, value: &str) {
     let () = c.set(key, value).await.expect("SET");
 }
 
+/// How many nodes have a subscriber on `channel`.
+pub async fn subscribed_nodes(cluster: &Cluster, channel: &str) -> usize {
+    let mut n = 0;
+    for node in cluster.nodes() {
+        let mut c = node.connection().await.unwrap();
+        // A flat reply: channel, count.
+        let reply: Vec<redlock_testkit::redis::Value> = redlock_testkit::redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(channel)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        if matches!(reply.get(1), Some(redlock_testkit::redis::Value::Int(k)) if *k > 0) {
+            n += 1;
+        }
+    }
+    n
+}
+
 /// Waits until `cond` holds, polling every 20 ms, for at most `limit`.
 pub async fn eventually<F, Fut>(limit: Duration, mut cond: F) -> bool
 where
