@@ -231,14 +231,28 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let report = match rt.block_on(run(&args)) {
-        Ok(r) => r,
-        Err(e) => {
+    // A signal drops the run, and with it every server it started, instead of leaving them
+    // running after the process is gone.
+    let outcome = rt.block_on(async {
+        tokio::select! {
+            // Polled first, so the handlers are in place before any server starts.
+            biased;
+            signal = stop_signal() => Err(signal),
+            result = run(&args) => Ok(result),
+        }
+    });
+    rt.shutdown_timeout(Duration::from_secs(5));
+    let report = match outcome {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
             eprintln!("redlock-bench: {e}");
             std::process::exit(1);
         }
+        Err(signal) => {
+            eprintln!("redlock-bench: stopped by {signal}; the servers it started are stopped");
+            std::process::exit(130);
+        }
     };
-    rt.shutdown_timeout(Duration::from_secs(5));
     println!("{}", report.markdown());
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&report).expect("serializable report");
@@ -268,6 +282,33 @@ fn main() {
             std::process::exit(1);
         }
     }
+}
+
+/// The first of SIGINT, SIGTERM and SIGHUP to arrive, by name. Without handlers (they could
+/// not be installed) it never completes and the signal's default action applies.
+async fn stop_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut streams = Vec::new();
+    for (kind, name) in [
+        (SignalKind::interrupt(), "SIGINT"),
+        (SignalKind::terminate(), "SIGTERM"),
+        (SignalKind::hangup(), "SIGHUP"),
+    ] {
+        match signal(kind) {
+            Ok(s) => streams.push((s, name)),
+            Err(e) => eprintln!("redlock-bench: cannot handle {name}: {e}"),
+        }
+    }
+    if streams.is_empty() {
+        return std::future::pending().await;
+    }
+    let waits = streams.iter_mut().map(|(s, name)| {
+        Box::pin(async move {
+            s.recv().await;
+            *name
+        })
+    });
+    futures_util::future::select_all(waits).await.0
 }
 
 async fn run(args: &Args) -> Result<Report, BenchError> {
