@@ -12,8 +12,9 @@
 //!               [--n 1,3,5,7] [--impls redlock,floor,...]
 //! ```
 //!
-//! `--n` and `--impls` narrow the latency, throughput and hot-key phases for comparing one change; the
-//! targets table of such a run is partial.
+//! `--n` narrows the latency, throughput, hot-key and fault phases and `--impls` the throughput,
+//! hot-key and fault phases, for comparing one change; the targets table of such a run is
+//! partial.
 
 #![forbid(unsafe_code)]
 
@@ -119,10 +120,11 @@ struct Args {
     nodes: Option<Vec<String>>,
     hold_secs: Option<f64>,
     only: Option<Vec<String>>,
-    /// `--n`: node counts of the latency, throughput and hot-key phases (a subset of the plan's).
+    /// `--n`: node counts of the latency, throughput, hot-key and fault phases (a subset of the
+    /// plan's).
     node_counts: Option<Vec<usize>>,
-    /// `--impls`: implementations timed in the throughput and hot-key phases (names as in the
-    /// tables).
+    /// `--impls`: implementations timed in the throughput, hot-key and fault phases (names as in
+    /// the tables).
     impls: Option<Vec<String>>,
 }
 
@@ -334,6 +336,7 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
     if let Some(counts) = &args.node_counts {
         plan.nodes.retain(|n| counts.contains(n));
         plan.hot_nodes.retain(|n| counts.contains(n));
+        plan.fault_nodes.retain(|n| counts.contains(n));
     }
     let timed = |w: Impl| {
         args.impls
@@ -521,7 +524,7 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
             );
         } else {
             for &n in &plan.fault_nodes {
-                let rows = scenarios::faults(n, &plan, |m| {
+                let rows = scenarios::faults(n, &plan, &timed, |m| {
                     pb.set_message(m.to_owned());
                     pb.inc(1);
                 })

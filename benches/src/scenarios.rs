@@ -668,6 +668,7 @@ async fn bounded_cycles(client: &Client, tag: &str, samples: usize, budget: Dura
 pub(crate) async fn faults(
     n: usize,
     plan: &Plan,
+    timed: &impl Fn(Impl) -> bool,
     mut step: impl FnMut(&str),
 ) -> Result<Vec<FaultRow>, BenchError> {
     let cluster = Cluster::builder().nodes(n).proxied(true).start().await?;
@@ -679,7 +680,7 @@ pub(crate) async fn faults(
         wait_deadline: None,
     };
     let mut clients = Vec::new();
-    for which in Impl::ALL {
+    for which in Impl::ALL.into_iter().filter(|w| timed(*w)) {
         let c = Client::connect(which, &urls, setup).await?;
         let _ = c.cycle("bench:warm", TTL).await;
         clients.push(c);
