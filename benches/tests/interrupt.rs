@@ -7,8 +7,11 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-/// The processes whose parent is `parent` and whose name is `name`, from `/proc`.
-fn children(parent: u32, name: &str) -> Vec<u32> {
+/// The server processes the bench may start (the testkit honours `REDLOCK_TEST_SERVER`).
+const SERVERS: [&str; 2] = ["redis-server", "valkey-server"];
+
+/// The processes whose parent is `parent` and whose name is one of `names`, from `/proc`.
+fn children(parent: u32, names: &[&str]) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -24,7 +27,7 @@ fn children(parent: u32, name: &str) -> Vec<u32> {
             };
             let comm = head.split_once('(').map(|(_, c)| c).unwrap_or("");
             let ppid = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok());
-            comm == name && ppid == Some(parent)
+            names.contains(&comm) && ppid == Some(parent)
         })
         .collect()
 }
@@ -51,7 +54,7 @@ fn stopped_by(signal: Signal) {
     // Wait until it runs its servers.
     let started = Instant::now();
     let servers = loop {
-        let servers = children(pid, "redis-server");
+        let servers = children(pid, &SERVERS);
         if servers.len() >= 5 {
             break servers;
         }
