@@ -384,19 +384,21 @@ impl<B: Backend> Phase<B> {
     pub(crate) async fn decided(&mut self) -> Decision {
         let received = match self.driver.as_mut() {
             Some(driver) => match future::select(&mut self.rx, driver).await {
-                Either::Left((received, _)) => received,
+                Either::Left((received, _)) => received.map_err(|_| ()),
                 // The driver sends the decision before it finishes: it is in the channel now.
+                // If it is not, it never will be; the state then speaks for itself below,
+                // rather than this waiting forever.
                 Either::Right(((), _)) => {
                     self.driver = None;
-                    (&mut self.rx).await
+                    self.rx.try_recv().map_err(|_| ())
                 }
             },
-            None => (&mut self.rx).await,
+            None => (&mut self.rx).await.map_err(|_| ()),
         };
         match received {
             Ok(d) => d,
-            // The driver cannot drop the sender without sending unless it panicked; report
-            // every node as failed rather than hanging or panicking here.
+            // No decision (the driver panicked, or ended without one): the phase failed, with
+            // what is known of each node, rather than hanging or panicking here.
             Err(_) => {
                 let st = lock(&self.state);
                 Decision {
@@ -541,10 +543,10 @@ async fn drive<B: Backend>(
                 Err(e) => (i, NodeOutcome::Failed(e), None),
             },
             Either::Right(((), _)) => {
+                // Nodes past their deadline are recorded before the driver may stop, even when
+                // it was not polled for longer than the grace (a stalled thread): a node left
+                // unrecorded would keep the decision from ever being made.
                 let now = Instant::now();
-                if now >= give_up {
-                    break;
-                }
                 for i in 0..settled.len() {
                     if !settled[i] && deadlines[i] <= now {
                         settled[i] = true;
@@ -558,6 +560,9 @@ async fn drive<B: Backend>(
                             None,
                         );
                     }
+                }
+                if now >= give_up {
+                    break;
                 }
                 timer.as_mut().reset(next_deadline(&settled));
                 continue;

@@ -452,3 +452,35 @@ async fn retries_are_bounded_by_attempts_and_deadline() {
     assert!(start.elapsed() < Duration::from_millis(500) + NODE_TIMEOUT);
     assert!(core.backend.data[3].lock().unwrap().acquires >= 3);
 }
+
+/// A phase whose driver is first polled long after every deadline and the delivery grace (its
+/// thread stalled) still records the silent nodes as timed out and decides; it used to stop
+/// without recording them, and the decision never came.
+#[tokio::test(start_paused = true)]
+async fn a_phase_polled_after_a_stall_records_the_silent_nodes() {
+    let backend = Arc::new(FakeBackend::new(&[
+        Behaviour::Grant,
+        Behaviour::Hang,
+        Behaviour::Hang,
+    ]));
+    let op = Arc::new(Op::Acquire {
+        stamped: false,
+        keys: Arc::from(vec!["k".to_owned()]),
+        token: crate::token::Token::random().unwrap(),
+        ttl_ms: 10_000,
+        rearm: false,
+    });
+    let mut phase = Phase::start(&backend, PhaseName::Acquire, op, Goal::Quorum, None);
+    tokio::time::advance(NODE_TIMEOUT + DELIVERY_GRACE + Duration::from_secs(1)).await;
+    let d = tokio::time::timeout(Duration::from_secs(10), phase.decided())
+        .await
+        .expect("decided");
+    assert!(!d.success);
+    // Decided by the timeouts (the decision is sent once it is known, so a node recorded after
+    // that shows as pending in it).
+    assert!(
+        d.count(|o| matches!(o, NodeOutcome::TimedOut { .. })) >= 1,
+        "{:?}",
+        d.outcomes
+    );
+}
