@@ -5,10 +5,11 @@
 //! decision, so a phase whose nodes all answer by then (always with one node) costs no task;
 //! whatever is still in flight when the phase is dropped — late answers after the decision, or
 //! everything when the caller's future was dropped — is driven on by a spawned task. So
-//! dropping the caller's future never drops a request that may already have reached a node. When an acquire attempt is abandoned (failure,
-//! exhausted validity, or the caller's future dropped), every node that granted or whose outcome
-//! is unknown gets the cleanup request — immediately for nodes that already answered, and on
-//! arrival for late answers.
+//! dropping the caller's future never drops a request that may already have reached a node.
+//!
+//! When an acquire attempt is abandoned (failure, exhausted validity, or the caller's future
+//! dropped), every node that granted or whose outcome is unknown gets the cleanup request —
+//! immediately for nodes that already answered, and on arrival for late answers.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;

@@ -66,6 +66,16 @@ struct State {
     nodes: Vec<NodeState>,
 }
 
+impl State {
+    /// Nodes whose subscription to `channel` is confirmed.
+    fn confirmed(&self, channel: &str) -> usize {
+        self.nodes
+            .iter()
+            .filter(|n| n.subscribed.contains(channel))
+            .count()
+    }
+}
+
 /// The state shared between the client and its subscription tasks.
 struct Shared {
     state: Mutex<State>,
@@ -306,24 +316,14 @@ impl Waiters {
     /// unheard (a channel waited on recently keeps its subscription for a while).
     pub(crate) fn subscribed(&self, channel: &str) -> bool {
         let state = lock(&self.shared.state);
-        state.channels.contains_key(channel)
-            && state
-                .nodes
-                .iter()
-                .filter(|n| n.subscribed.contains(channel))
-                .count()
-                >= self.needed()
+        state.channels.contains_key(channel) && state.confirmed(channel) >= self.needed()
     }
 
     /// Whether `channel` has `needed` confirmations, or cannot get them soon because too many
     /// nodes are down.
     fn settled(&self, channel: &str, needed: usize) -> bool {
         let state = lock(&self.shared.state);
-        let confirmed = state
-            .nodes
-            .iter()
-            .filter(|n| n.subscribed.contains(channel))
-            .count();
+        let confirmed = state.confirmed(channel);
         let pending = state
             .nodes
             .iter()
