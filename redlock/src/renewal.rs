@@ -471,11 +471,13 @@ impl<B: Backend> Renewer<B> {
                 }
             }
         }
-        drop(calls);
         telemetry::renewal_round(started.elapsed());
         let now = Instant::now();
         let mut rescheduled = Vec::new();
         let mut renewed = 0u64;
+        // Locks renewed at their quorum, by place in the batch: a node answering after the
+        // quorum that it lost their keys still gets them put back.
+        let mut repairable = Vec::new();
         for (j, held) in chunk.iter().enumerate() {
             let (ok, elapsed) = decided[j].unwrap_or((false, started.elapsed()));
             let decision = Decision {
@@ -502,7 +504,8 @@ impl<B: Backend> Renewer<B> {
                         .unwrap_or_else(PoisonError::into_inner) = deadline;
                     let due = due_at(&deadline, held.ttl, held.every, now);
                     rescheduled.push((due, held.id, Some(deadline.mono().min(held.hold_until))));
-                    self.repair(held, &missing[j]);
+                    repair(&self.backend, self.config.node_timeout, held, &missing[j]);
+                    repairable.push((j, Arc::clone(held)));
                 }
                 // The key is held by another token on too many nodes: definitely lost.
                 Err(error @ Error::NotHeld { .. }) => {
@@ -519,6 +522,24 @@ impl<B: Backend> Renewer<B> {
             }
         }
         telemetry::renewal_outcomes(renewed, chunk.len() as u64 - renewed);
+        if !calls.is_empty() && !repairable.is_empty() {
+            // The node that lost keys is often the last to answer (a new connection, an empty
+            // script cache): its answers, each bounded by the batch budget, are read on.
+            let backend = Arc::clone(&self.backend);
+            let node_timeout = self.config.node_timeout;
+            tokio::spawn(async move {
+                while let Some((i, answer)) = calls.next().await {
+                    let Ok(Ok(renewed)) = &answer else {
+                        continue;
+                    };
+                    for (j, held) in &repairable {
+                        if matches!(renewed.get(*j), Some(Renewed::Missing)) {
+                            repair(&backend, node_timeout, held, &[i]);
+                        }
+                    }
+                }
+            });
+        }
         let mut st = self.renewals.lock();
         let mut sooner = false;
         for (at, id, end) in rescheduled {
@@ -536,47 +557,47 @@ impl<B: Backend> Renewer<B> {
             self.renewals.wake.notify_one();
         }
     }
+}
 
-    /// Puts back the keys of a lock that nodes lost (found missing by a renewal that reached
-    /// its quorum): each such node gets an owner-checked `SET NX` of the lock's keys, as a
-    /// grant — refused when anyone else holds them, and not sent to a node in its restart
-    /// quarantine. The lock regains the redundancy a restart took.
-    fn repair(&self, held: &Arc<Held>, nodes: &[usize]) {
-        if nodes.is_empty() {
-            return;
-        }
-        let op = Arc::new(Op::Acquire {
-            stamped: false,
-            keys: Arc::clone(&held.keys),
-            token: held.token.clone(),
-            ttl_ms: lock::ttl_ms(held.ttl),
-            rearm: true,
-        });
-        // Handed over under the `done` lock: a release is either sent after the repair, on the
-        // same connections (so it deletes what the repair set), or the repair is not sent.
-        let done = held.done.lock().unwrap_or_else(PoisonError::into_inner);
-        if *done {
-            return;
-        }
-        for &i in nodes {
-            let call = engine::handed_over(self.backend.call(i, Arc::clone(&op)));
-            let node = self.backend.name(i).clone();
-            let budget = self.config.node_timeout;
-            tokio::spawn(async move {
-                match tokio::time::timeout(budget + engine::DELIVERY_GRACE, call).await {
-                    Ok(Ok(crate::backend::Reply::Yes { .. })) => {
-                        tracing::debug!(%node, "renewal put back keys the node had lost");
-                    }
-                    Ok(Ok(_)) => {
-                        tracing::debug!(%node, "keys lost by the node are held by another owner there")
-                    }
-                    Ok(Err(e)) => tracing::debug!(%node, error = %e, "repair not done"),
-                    Err(_) => tracing::debug!(%node, "repair timed out"),
-                }
-            });
-        }
-        drop(done);
+/// Puts back the keys of a lock that nodes lost (found missing by a renewal that reached
+/// its quorum): each such node gets an owner-checked `SET NX` of the lock's keys, as a
+/// grant — refused when anyone else holds them, and not sent to a node in its restart
+/// quarantine. The lock regains the redundancy a restart took.
+fn repair<B: Backend>(backend: &Arc<B>, node_timeout: Duration, held: &Arc<Held>, nodes: &[usize]) {
+    if nodes.is_empty() {
+        return;
     }
+    let op = Arc::new(Op::Acquire {
+        stamped: false,
+        keys: Arc::clone(&held.keys),
+        token: held.token.clone(),
+        ttl_ms: lock::ttl_ms(held.ttl),
+        rearm: true,
+    });
+    // Handed over under the `done` lock: a release is either sent after the repair, on the
+    // same connections (so it deletes what the repair set), or the repair is not sent.
+    let done = held.done.lock().unwrap_or_else(PoisonError::into_inner);
+    if *done {
+        return;
+    }
+    for &i in nodes {
+        let call = engine::handed_over(backend.call(i, Arc::clone(&op)));
+        let node = backend.name(i).clone();
+        let budget = node_timeout;
+        tokio::spawn(async move {
+            match tokio::time::timeout(budget + engine::DELIVERY_GRACE, call).await {
+                Ok(Ok(crate::backend::Reply::Yes { .. })) => {
+                    tracing::debug!(%node, "renewal put back keys the node had lost");
+                }
+                Ok(Ok(_)) => {
+                    tracing::debug!(%node, "keys lost by the node are held by another owner there")
+                }
+                Ok(Err(e)) => tracing::debug!(%node, error = %e, "repair not done"),
+                Err(_) => tracing::debug!(%node, "repair timed out"),
+            }
+        });
+    }
+    drop(done);
 }
 
 #[cfg(test)]

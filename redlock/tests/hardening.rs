@@ -261,6 +261,41 @@ async fn renewal_repairs_a_node_that_lost_the_key() {
     guard.release().await.unwrap();
 }
 
+/// The node that lost the key may well be the slowest to answer a renewal (its connection
+/// and script cache are new): a renewal is decided at its quorum, but the late answer that the
+/// key is missing must still lead to the repair, or the lease stays on a bare quorum for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_repairs_a_node_that_answers_after_the_quorum() {
+    let cluster = Cluster::builder()
+        .nodes(3)
+        .proxied(true)
+        .start()
+        .await
+        .expect("cluster");
+    let rl = builder(cluster.urls(), Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let guard = rl.guard(rl.acquire("late-repair").await.unwrap()).unwrap();
+    // Node 0 answers 40 ms late (well inside the 200 ms node timeout), so the renewals are
+    // always decided by nodes 1 and 2 before its answer comes.
+    let proxy = cluster.node(0).proxy().expect("proxied");
+    proxy.set_delay(Duration::from_millis(40), Duration::ZERO);
+    cluster.node(0).restart(DataOnRestart::Wipe).await.unwrap();
+    // Renewals every ~667 ms: four of them in this time.
+    let repaired = common::eventually(Duration::from_secs(3), || async {
+        common::get(&cluster, 0, "redlock:lock:late-repair")
+            .await
+            .is_some()
+    })
+    .await;
+    assert!(
+        repaired,
+        "renewals did not put the lost key back on node 0, whose answers come after the quorum"
+    );
+    assert!(!guard.is_lost(), "{:?}", guard.reason());
+    guard.release().await.unwrap();
+}
+
 /// Two clients of three nodes with the restart quarantine on, once the new servers' own
 /// quarantine has passed.
 async fn quarantined_pair(cluster: &Cluster, ttl: Duration) -> (Redlock, Redlock) {
