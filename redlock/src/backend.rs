@@ -35,7 +35,44 @@ pub(crate) enum Op {
         keys: Arc<[String]>,
         token: Token,
         channels: Arc<[String]>,
+        /// The message every node publishes for this release (see [`Wake`]).
+        wake: Wake,
     },
+}
+
+/// A release's wake-up id: what every node that deleted a key publishes on its channel. One
+/// release is published by up to N nodes; a waiter acts on the first message and drops the
+/// others with the same id, instead of retrying once per node. Random, so it says nothing
+/// about the lock or its token. `Wake::NONE` for a cleanup, which publishes nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Wake(pub(crate) u64);
+
+impl Wake {
+    /// For releases that publish nothing.
+    pub(crate) const NONE: Wake = Wake(0);
+
+    /// A fresh random id (never [`Wake::NONE`]).
+    pub(crate) fn random() -> Self {
+        Wake(crate::det::id().max(1))
+    }
+
+    /// The published form: lowercase hex.
+    pub(crate) fn message(self) -> String {
+        format!("{:x}", self.0)
+    }
+
+    /// The id a published message carries; `None` for one without an id (an empty message
+    /// from an older client, or anything else), which is never dropped as a repeat.
+    pub(crate) fn parse(message: &[u8]) -> Option<Self> {
+        let text = std::str::from_utf8(message).ok()?;
+        if text.is_empty() || text.len() > 16 {
+            return None;
+        }
+        u64::from_str_radix(text, 16)
+            .ok()
+            .filter(|v| *v != 0)
+            .map(Wake)
+    }
 }
 
 /// A node's answer, stripped to what the quorum engine needs.

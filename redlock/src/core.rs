@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::{Backend, Op};
+use crate::backend::{Backend, Op, Wake};
 use crate::claim::Claim;
 use crate::config::{Config, MAX_RESOURCES_PER_LOCK, RetryPolicy};
 use crate::engine::{self, Goal, Judge, Phase};
@@ -129,6 +129,7 @@ impl<B: Backend> Core<B> {
             keys: Arc::clone(keys),
             token: token.clone(),
             channels: Arc::from(Vec::<String>::new()),
+            wake: Wake::NONE,
         });
         let backend = Arc::clone(&self.backend);
         let first = self.config.node_timeout * 5;
@@ -223,6 +224,7 @@ impl<B: Backend> Core<B> {
             keys: Arc::clone(keys),
             token: token.clone(),
             channels: Arc::from(Vec::<String>::new()),
+            wake: Wake::NONE,
         });
         let mut phase = Phase::start(
             &self.backend,
@@ -483,10 +485,12 @@ impl<B: Backend> Core<B> {
             tracing::debug_span!("redlock.release", resources = ?&**resources, token = %token);
         async {
             let channels = self.channels(resources);
+            let wake = Wake::random();
             let op = Arc::new(Op::Release {
                 keys: Arc::clone(keys),
                 token: token.clone(),
                 channels: Arc::clone(&channels),
+                wake,
             });
             let mut phase = Phase::start(
                 &self.backend,
@@ -503,7 +507,7 @@ impl<B: Backend> Core<B> {
                 // trip or the nodes' notification. (Should the release fail, their attempt
                 // is refused and they wait again.)
                 for c in channels.iter() {
-                    w.notify_local(c);
+                    w.notify_local(c, wake);
                 }
             }
             let d = phase.decided().await;

@@ -50,6 +50,15 @@ pub(crate) fn range(lo: f64, hi: f64) -> f64 {
     rand::rng().random_range(lo..hi)
 }
 
+/// A uniform random `u64` (not for secrets).
+pub(crate) fn id() -> u64 {
+    #[cfg(feature = "simulation")]
+    if let Some(v) = crate::sim::rng::with(|r| r.random()) {
+        return v;
+    }
+    rand::rng().random()
+}
+
 /// Fills `buf` with random bytes: the operating system's CSPRNG.
 pub(crate) fn fill(buf: &mut [u8]) -> Result<(), getrandom::Error> {
     #[cfg(feature = "simulation")]

@@ -34,8 +34,9 @@ pub(crate) enum SubStream {
 /// A published message.
 pub(crate) enum Message {
     Redis(redis::Msg),
+    /// Channel and payload.
     #[cfg(feature = "simulation")]
-    Sim(String),
+    Sim(String, String),
 }
 
 impl Message {
@@ -44,7 +45,16 @@ impl Message {
         match self {
             Self::Redis(m) => m.get_channel_name(),
             #[cfg(feature = "simulation")]
-            Self::Sim(c) => c,
+            Self::Sim(c, _) => c,
+        }
+    }
+
+    /// What was published.
+    pub(crate) fn payload(&self) -> &[u8] {
+        match self {
+            Self::Redis(m) => m.get_payload_bytes(),
+            #[cfg(feature = "simulation")]
+            Self::Sim(_, p) => p.as_bytes(),
         }
     }
 }
@@ -103,7 +113,7 @@ impl SubStream {
         match self {
             Self::Redis(s) => s.next().await.map(Message::Redis),
             #[cfg(feature = "simulation")]
-            Self::Sim(s) => s.next().await.map(Message::Sim),
+            Self::Sim(s) => s.next().await.map(|(c, p)| Message::Sim(c, p)),
         }
     }
 }

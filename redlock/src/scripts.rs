@@ -170,12 +170,14 @@ return out
     )
 });
 
-/// `KEYS` = resource keys; `ARGV[1]` = token, `ARGV[2..]` = one wake-up channel per key.
+/// `KEYS` = resource keys; `ARGV[1]` = token, `ARGV[2]` = the release's wake-up id,
+/// `ARGV[3..]` = one wake-up channel per key (none for a cleanup).
 ///
-/// Owner-checked delete: removes each key that still holds our token, publishes an empty
-/// message on that key's channel so waiters retry at once, and returns how many keys it
-/// removed (0 when the lock had already expired or belongs to someone else). The wake-up is
-/// best effort (`pcall`): an ACL user without permission on the channel still releases.
+/// Owner-checked delete: removes each key that still holds our token, publishes the wake-up id
+/// on that key's channel so waiters retry at once, and returns how many keys it removed (0 when
+/// the lock had already expired or belongs to someone else). Every node of one release
+/// publishes the same id, so a waiter acts on the first of them and drops the rest. The wake-up
+/// is best effort (`pcall`): an ACL user without permission on the channel still releases.
 pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         r"
@@ -184,7 +186,7 @@ for i = 1, #KEYS do
   if redis.call('GET', KEYS[i]) == ARGV[1] then
     redis.call('DEL', KEYS[i])
     n = n + 1
-    if ARGV[i + 1] then redis.pcall('PUBLISH', ARGV[i + 1], '') end
+    if ARGV[i + 2] then redis.pcall('PUBLISH', ARGV[i + 2], ARGV[2]) end
   end
 end
 return n
@@ -205,7 +207,7 @@ return n
 ///   as [`ACQUIRE`]), `U` (unstamped acquire, as [`ACQUIRE_UNSTAMPED`]), `E` (extend, as
 ///   [`EXTEND`]): its TTL in ms;
 /// - `R` (release, as [`RELEASE`]): the number of wake-up channels (0 or its number of keys),
-///   then the channels.
+///   the wake-up id, then the channels.
 ///
 /// Answers, per request: what its own script answers (the stamp for `A`, −2 for an acquire when
 /// the identity record changed), or a string starting with `E` for an error. Stamps issued in
@@ -268,7 +270,7 @@ local function run(kind, k, n, a)
       if redis.call('GET', KEYS[k + i]) == token then
         redis.call('DEL', KEYS[k + i])
         done = done + 1
-        if i < c then redis.pcall('PUBLISH', ARGV[a + 4 + i], '') end
+        if i < c then redis.pcall('PUBLISH', ARGV[a + 5 + i], ARGV[a + 4]) end
       end
     end
     return done
@@ -288,7 +290,7 @@ while a <= #ARGV do
     out[#out + 1] = 'E' .. tostring(r)
   end
   k = k + n
-  if kind == 'R' then a = a + 4 + tonumber(ARGV[a + 3]) else a = a + 4 end
+  if kind == 'R' then a = a + 5 + tonumber(ARGV[a + 3]) else a = a + 4 end
 end
 if stamp then redis.call('SET', KEYS[2], string.format('%.0f', stamp)) end
 return out

@@ -23,6 +23,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
+use crate::backend::Wake;
 use crate::det::{HashMap, HashSet};
 use crate::error::SubError;
 use crate::pubsub::{Message, SubClient, SubSink, SubStream};
@@ -37,6 +38,9 @@ pub(crate) const LOCAL_STREAK: u32 = 4;
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// Longest pause between attempts to re-open a subscription connection.
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// Wake-up ids a channel remembers: a release's messages from its N nodes arrive within a few
+/// round trips of each other, so only the last few releases can still have messages on the way.
+const RECENT: usize = 8;
 
 /// Per-channel interest: the notifier local waiters sleep on, how many wait, and since when
 /// nobody waits.
@@ -48,6 +52,27 @@ struct Channel {
     handoffs: u64,
     /// How many of the last releases by this client did so in a row.
     streak: u32,
+    /// The latest releases' wake-up ids already acted on (by a local release or the first
+    /// node's message), oldest first: the other nodes' messages for them wake nobody.
+    recent: std::collections::VecDeque<Wake>,
+}
+
+impl Channel {
+    /// Records `wake` as acted on; `false` if it already was (a repeat from another node).
+    /// A message without an id always counts as new.
+    fn first(&mut self, wake: Option<Wake>) -> bool {
+        let Some(wake) = wake else {
+            return true;
+        };
+        if self.recent.contains(&wake) {
+            return false;
+        }
+        if self.recent.len() == RECENT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(wake);
+        true
+    }
 }
 
 /// What one node's subscription task reports.
@@ -239,11 +264,13 @@ impl Waiters {
         })
     }
 
-    /// Wakes local waiters on `channel` at once (a release by this client). While a local
-    /// waiter is there, up to [`LOCAL_STREAK`] releases in a row are local hand-offs (see
-    /// [`Interest::handoffs`]); the one after that is not.
-    pub(crate) fn notify_local(&self, channel: &str) {
+    /// Wakes local waiters on `channel` at once (a release by this client, whose nodes will
+    /// publish `wake`: those messages then wake nobody here). While a local waiter is there, up
+    /// to [`LOCAL_STREAK`] releases in a row are local hand-offs (see [`Interest::handoffs`]);
+    /// the one after that is not.
+    pub(crate) fn notify_local(&self, channel: &str, wake: Wake) {
         if let Some(c) = lock(&self.shared.state).channels.get_mut(channel) {
+            c.first(Some(wake));
             if c.waiters > 0 {
                 if c.streak < LOCAL_STREAK {
                     c.streak += 1;
@@ -283,6 +310,7 @@ impl Waiters {
                     idle_since: None,
                     handoffs: 0,
                     streak: 0,
+                    recent: std::collections::VecDeque::with_capacity(RECENT),
                 }
             });
             c.waiters += 1;
@@ -543,12 +571,15 @@ impl NodeSub {
         }
     }
 
-    /// Wakes the waiters on the message's channel; `false` if the client is gone.
+    /// Wakes the waiters on the message's channel, unless another node's message of the same
+    /// release did already; `false` if the client is gone.
     fn forward(&self, msg: &Message) -> bool {
         let Some(shared) = self.shared.upgrade() else {
             return false;
         };
-        if let Some(c) = lock(&shared.state).channels.get(msg.channel()) {
+        if let Some(c) = lock(&shared.state).channels.get_mut(msg.channel())
+            && c.first(Wake::parse(msg.payload()))
+        {
             c.notify.notify_waiters();
         }
         true
@@ -570,16 +601,59 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_release_wakes_once_however_many_nodes_publish_it() {
+        let w = waiters();
+        let interest = w.interest("c").await;
+        let first = |wake: Option<Wake>| {
+            lock(&w.shared.state)
+                .channels
+                .get_mut("c")
+                .expect("channel of interest")
+                .first(wake)
+        };
+        // This client's own release: the nodes' messages of it wake nobody here.
+        let own = Wake(0x5eed);
+        w.notify_local("c", own);
+        assert!(!first(Some(own)));
+        // Another client's release: its first message wakes, the other nodes' do not.
+        let other = Wake(7);
+        assert!(first(Some(other)));
+        assert!(!first(Some(other)));
+        // A message without an id is never taken for a repeat.
+        assert!(first(None));
+        assert!(first(None));
+        // Only the latest releases are remembered.
+        for id in 100..100 + RECENT as u64 {
+            assert!(first(Some(Wake(id))));
+        }
+        assert!(
+            first(Some(other)),
+            "forgotten after {RECENT} newer releases"
+        );
+        drop(interest);
+    }
+
+    #[test]
+    fn wake_ids_round_trip_and_reject_other_payloads() {
+        let id = Wake::random();
+        assert_ne!(id, Wake::NONE);
+        assert_eq!(Wake::parse(id.message().as_bytes()), Some(id));
+        for other in [&b""[..], b"0", b"xyz", b"12345678901234567", b"\xff"] {
+            assert_eq!(Wake::parse(other), None, "{other:?}");
+        }
+    }
+
+    #[tokio::test]
     async fn local_hand_offs_stop_after_a_streak_and_need_a_local_waiter() {
         let w = waiters();
         // Nobody of this client waits: a release hands nothing off.
-        w.notify_local("c");
+        w.notify_local("c", Wake::random());
         let interest = w.interest("c").await;
-        w.notify_local("other");
+        w.notify_local("other", Wake::random());
         assert_eq!(interest.handoffs(), 0);
         let mut seen = Vec::new();
         for _ in 0..2 * (LOCAL_STREAK + 1) {
-            w.notify_local("c");
+            w.notify_local("c", Wake::random());
             seen.push(interest.handoffs());
         }
         // LOCAL_STREAK hand-offs, one release open to everyone, and again.
@@ -592,7 +666,7 @@ mod tests {
         assert_eq!(seen, expected);
         drop(interest);
         // The waiter left: releases hand nothing off any more.
-        w.notify_local("c");
+        w.notify_local("c", Wake::random());
         let again = w.interest("c").await;
         assert_eq!(again.handoffs(), 2 * streak);
     }

@@ -278,3 +278,92 @@ async fn failed_attempts_do_not_wake_waiters_into_spending_their_retries() {
     );
     holder.release(lock).await.expect("release");
 }
+
+/// Publishes `message` on the release channel of `resource` on node `i`, as a release does.
+async fn publish(cluster: &Cluster, i: usize, resource: &str, message: &str) {
+    let mut conn = cluster
+        .node(i)
+        .connection()
+        .await
+        .expect("direct connection");
+    let _: i64 = redlock_testkit::redis::cmd("PUBLISH")
+        .arg(format!("{}release:{resource}", redlock::DEFAULT_KEY_PREFIX))
+        .arg(message)
+        .query_async(&mut conn)
+        .await
+        .expect("PUBLISH");
+}
+
+/// The attempts of a waiter that is woken by `messages` while the lock is still held: each is
+/// published on every node, 150 ms apart (a release whose nodes answer at different times),
+/// and then the holder releases.
+async fn attempts_after(messages: &[&str]) -> f64 {
+    let cluster = Cluster::start(3).await.expect("cluster");
+    let holder = client(&cluster);
+    let waiter = client(&cluster);
+    let key = "woken-once";
+    let lock = holder.acquire(key).await.expect("free");
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let w = tokio::spawn(async move { waiter.acquire(key).await });
+    let channel = format!("{}release:{key}", redlock::DEFAULT_KEY_PREFIX);
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            common::subscribed_nodes(&cluster, &channel).await == 3
+        })
+        .await,
+        "the waiter subscribes on every node"
+    );
+    // Its second attempt (right after subscribing) has been refused by now.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for message in messages {
+        for i in 0..3 {
+            publish(&cluster, i, key, message).await;
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+    }
+    let started = Instant::now();
+    holder.release(lock).await.expect("release");
+    let won = w
+        .await
+        .expect("waiter task")
+        .expect("the waiter wins after the release");
+    assert!(
+        started.elapsed() < RETRY_DELAY / 2,
+        "the release notification woke the waiter"
+    );
+    drop(won);
+    let attempts: Vec<f64> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, _, _, _)| key.key().name() == "redlock_acquire_attempts")
+        .flat_map(|(_, _, _, value)| match value {
+            metrics_util::debugging::DebugValue::Histogram(h) => {
+                h.into_iter().map(|x| x.into_inner()).collect()
+            }
+            _ => Vec::new(),
+        })
+        .collect();
+    assert_eq!(attempts.len(), 1, "one acquire: {attempts:?}");
+    attempts[0]
+}
+
+/// Every node that deletes a released key publishes the release, so a waiter hears one release
+/// up to N times. It must act on the first message and drop the rest: each extra wake-up is an
+/// attempt on every node that cannot succeed (the lock is taken by whoever acted first), and
+/// those attempts are most of the server work of a contended hand-off.
+#[tokio::test]
+async fn one_release_heard_from_every_node_wakes_a_waiter_once() {
+    // Refused, refused again right after subscribing, woken once by the release heard three
+    // times (still held: refused), and the win after the real release.
+    assert_eq!(attempts_after(&["5eed"]).await, 4.0);
+}
+
+/// Releases without a wake-up id (an empty message, as older clients publish) are never
+/// dropped as repeats: each one wakes the waiter.
+#[tokio::test]
+async fn release_messages_without_an_id_each_wake_a_waiter() {
+    assert_eq!(attempts_after(&[""]).await, 6.0);
+}

@@ -318,11 +318,13 @@ impl RedisNode {
                     keys,
                     token,
                     channels,
+                    wake,
                 } => {
                     cmd.arg("R")
                         .arg(keys.len())
                         .arg(token.expose())
                         .arg(channels.len())
+                        .arg(wake.message())
                         .arg(&**channels);
                 }
             }

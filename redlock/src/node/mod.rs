@@ -661,6 +661,7 @@ impl RedisNode {
                 keys,
                 token,
                 channels,
+                wake,
             } if keys.len() == 1 && live.native.delete_if_equal.is_some() => {
                 let t = token.expose();
                 let mut conn = live.conn.clone();
@@ -684,7 +685,10 @@ impl RedisNode {
                     && let Some(channel) = channels.first()
                 {
                     // The wake-up follows the delete, best effort, as in the release script.
-                    let publish = redis::cmd("PUBLISH").arg(&**channel).arg("").to_owned();
+                    let publish = redis::cmd("PUBLISH")
+                        .arg(&**channel)
+                        .arg(wake.message())
+                        .to_owned();
                     let call = engine::handed_over(
                         async move {
                             let _: redis::RedisResult<i64> = publish.query_async(&mut conn).await;
@@ -714,11 +718,14 @@ impl RedisNode {
                 keys,
                 token,
                 channels,
+                wake,
             } => {
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
                 let t = token.expose();
-                let mut args: Vec<&str> = Vec::with_capacity(channels.len() + 1);
+                let wake = wake.message();
+                let mut args: Vec<&str> = Vec::with_capacity(channels.len() + 2);
                 args.push(t);
+                args.push(&wake);
                 args.extend(channels.iter().map(String::as_str));
                 let n: i64 = self.eval(&live, &scripts::RELEASE, &keys, &args, t).await?;
                 Ok(Reply::counted(n))

@@ -375,11 +375,13 @@ impl SimNode {
                 keys,
                 token,
                 channels,
+                wake,
             } => {
                 self.eval(&live, || Call::Release {
                     keys: Arc::clone(keys),
                     token: token.clone(),
                     channels: Arc::clone(channels),
+                    wake: *wake,
                 })
                 .await?
             }
@@ -496,7 +498,7 @@ pub(crate) struct SubStream {
     inner: Arc<Inner>,
     index: usize,
     conn: Arc<Conn>,
-    rx: mpsc::UnboundedReceiver<(Instant, String)>,
+    rx: mpsc::UnboundedReceiver<(Instant, String, String)>,
 }
 
 impl Drop for SubStream {
@@ -555,18 +557,18 @@ impl SubSink {
 }
 
 impl SubStream {
-    /// The next message's channel; `None` once the connection broke.
-    pub(crate) async fn next(&mut self) -> Option<String> {
+    /// The next message: its channel and payload; `None` once the connection broke.
+    pub(crate) async fn next(&mut self) -> Option<(String, String)> {
         let token = self.conn.token.clone();
         let next = async {
             loop {
-                let (at, channel) = self.rx.recv().await?;
+                let (at, channel, payload) = self.rx.recv().await?;
                 if at > Instant::now() {
                     tokio::time::sleep_until(at).await;
                 }
                 // A message that reaches a partitioned link is lost.
                 if !self.inner.world().nodes[self.index].partitioned {
-                    return Some(channel);
+                    return Some((channel, payload));
                 }
             }
         };

@@ -19,7 +19,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::Batch;
+use crate::backend::{Batch, Wake};
 use crate::error::{NodeError, NodeErrorKind};
 use crate::token::Token;
 
@@ -76,6 +76,7 @@ pub(crate) enum Call {
         keys: Arc<[String]>,
         token: Token,
         channels: Arc<[String]>,
+        wake: Wake,
     },
 }
 
@@ -119,7 +120,7 @@ pub(crate) enum Req {
     LoadScripts,
     /// Opens a subscription connection whose messages go to `tx`.
     OpenSub {
-        tx: mpsc::UnboundedSender<(Instant, String)>,
+        tx: mpsc::UnboundedSender<(Instant, String, String)>,
     },
     Subscribe(Vec<String>),
     Unsubscribe(Vec<String>),
@@ -172,7 +173,7 @@ impl Ord for Queued {
 struct Sub {
     conn: Arc<Conn>,
     channels: BTreeSet<String>,
-    tx: mpsc::UnboundedSender<(Instant, String)>,
+    tx: mpsc::UnboundedSender<(Instant, String, String)>,
 }
 
 /// One simulated Redis master.
@@ -502,6 +503,7 @@ impl Node {
                 keys,
                 token,
                 channels,
+                wake,
             } => {
                 let mut n = 0;
                 for (i, k) in keys.iter().enumerate() {
@@ -509,7 +511,7 @@ impl Node {
                         self.data.remove(k);
                         n += 1;
                         if let Some(c) = channels.get(i) {
-                            self.publish(c, rng);
+                            self.publish(c, &wake.message(), rng);
                         }
                     }
                 }
@@ -520,7 +522,7 @@ impl Node {
 
     /// Sends a message to every connection subscribed to `channel`, each after its own
     /// delay, in order per connection; a lossy link may lose it.
-    fn publish(&mut self, channel: &str, rng: &mut SmallRng) {
+    fn publish(&mut self, channel: &str, message: &str, rng: &mut SmallRng) {
         let now = Instant::now();
         for i in 0..self.subs.len() {
             let s = &self.subs[i];
@@ -536,7 +538,7 @@ impl Node {
             let at = (now + d).max(fifo.1);
             fifo.1 = at;
             drop(fifo);
-            let _ = s.tx.send((at, channel.to_owned()));
+            let _ = s.tx.send((at, channel.to_owned(), message.to_owned()));
         }
     }
 }
