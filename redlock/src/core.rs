@@ -20,7 +20,7 @@ use crate::lock::{self, Deadline, Lock, ReleaseReport};
 use crate::renewal::Renewer;
 use crate::telemetry;
 use crate::token::Token;
-use crate::waiters::{Interest, Waiters};
+use crate::waiters::{Interest, LocalHolder, Waiters};
 
 /// A shared, immutable list of resource names or keys.
 type Names = Arc<[String]>;
@@ -64,6 +64,9 @@ pub(crate) struct Core<B> {
     channel_prefix: String,
     renewer: Arc<Renewer<B>>,
     waiters: Option<Arc<Waiters>>,
+    /// The round trip of this client's latest acquire attempt, in µs: the unit of the stagger
+    /// after a release for a waiter that has not made an attempt of its own yet.
+    round_trip_us: std::sync::atomic::AtomicU64,
 }
 
 impl<B: Backend> Core<B> {
@@ -82,6 +85,7 @@ impl<B: Backend> Core<B> {
             config,
             backend,
             waiters: waiters.map(Arc::new),
+            round_trip_us: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -324,6 +328,26 @@ impl<B: Backend> Core<B> {
             // below); a split vote without a release before it is waited out like a refusal.
             let mut quick_retries = 0u32;
             loop {
+                // While another task of this client holds the lock, wait for its release rather
+                // than make an attempt that can only be refused (bounded like the pause after
+                // a refusal).
+                if let Some(i) = interest.as_ref()
+                    && let Some(limit) = self.local_wait_limit(policy, attempts, started, &channel)
+                {
+                    match i.wait_for_local_holder(limit).await {
+                        LocalHolder::Released { handed: false } => {
+                            // Not a hand-off: staggered like every other client's waiters.
+                            quick_retries = 3;
+                            let unit: f64 = crate::det::unit();
+                            let round_trip = Duration::from_micros(
+                                self.round_trip_us.load(std::sync::atomic::Ordering::Relaxed),
+                            );
+                            tokio::time::sleep(round_trip.mul_f64(2.0 * unit)).await;
+                        }
+                        LocalHolder::Released { handed: true } => quick_retries = 3,
+                        LocalHolder::None | LocalHolder::Waited => {}
+                    }
+                }
                 attempts += 1;
                 let fixed = token.is_some();
                 let token = match token {
@@ -340,8 +364,15 @@ impl<B: Backend> Core<B> {
                 let attempt_started = Instant::now();
                 let result = self.attempt(&resources, &keys, token, fixed, terms).await;
                 let round_trip = attempt_started.elapsed();
+                self.round_trip_us.store(
+                    u64::try_from(round_trip.as_micros()).unwrap_or(u64::MAX),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
                 let err = match result {
                     Ok(lock) => {
+                        if let Some(i) = interest.as_ref() {
+                            i.taken(Instant::now() + lock.remaining());
+                        }
                         tracing::debug!(attempts, token = %lock.token, remaining = ?lock.remaining(), "acquired");
                         telemetry::acquire_done(&Ok(()), attempts, started.elapsed());
                         return Ok(lock);
@@ -426,6 +457,27 @@ impl<B: Backend> Core<B> {
         }
         .instrument(span)
         .await
+    }
+
+    /// How long a waiter may wait for the release of a lock held by another task of this
+    /// client before it makes its next attempt: what is left of its turn's limit while the
+    /// client hears releases on the channel, else (releases may go unheard) one retry delay.
+    fn local_wait_limit(
+        &self,
+        policy: &RetryPolicy,
+        attempts: u32,
+        started: Instant,
+        channel: &str,
+    ) -> Option<Duration> {
+        let waiters = self.waiters.as_ref()?;
+        if waiters.subscribed(channel) {
+            policy
+                .wait_limit(self.config.node_timeout)
+                .checked_sub(started.elapsed())
+                .filter(|left| !left.is_zero())
+        } else {
+            policy.next_delay(attempts, started.elapsed(), crate::det::unit())
+        }
     }
 
     pub(crate) async fn extend(&self, lock: &mut Lock) -> Result<(), Error> {

@@ -52,6 +52,11 @@ struct Channel {
     handoffs: u64,
     /// How many of the last releases by this client did so in a row.
     streak: u32,
+    /// Until when a lock on this channel's resource that this client took (by an acquirer
+    /// with interest) is valid, while no release of it was seen — this client's own, or
+    /// another client's message (the lock may have been handed to another client): its other
+    /// waiters wait for that release instead of attempting, which could only be refused.
+    held_until: Option<tokio::time::Instant>,
     /// The latest releases' wake-up ids already acted on (by a local release or the first
     /// node's message), oldest first: the other nodes' messages for them wake nobody.
     recent: std::collections::VecDeque<Wake>,
@@ -194,7 +199,73 @@ impl Drop for Interest {
     }
 }
 
+/// What [`Interest::wait_for_local_holder`] saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LocalHolder {
+    /// No lock of this client is known to hold the channel's resource: attempt.
+    None,
+    /// This client released it; `handed` when the release was a local hand-off (see
+    /// [`Interest::handoffs`]).
+    Released { handed: bool },
+    /// The wait's limit or the lock's validity ended first.
+    Waited,
+}
+
 impl Interest {
+    /// Records that an acquirer with this interest took the lock, valid until `until`: until
+    /// this client releases it (or `until` passes), [`Interest::wait_for_local_holder`] waits.
+    pub(crate) fn taken(&self, until: tokio::time::Instant) {
+        if let Some(c) = lock(&self.waiters.shared.state)
+            .channels
+            .get_mut(&self.channel)
+        {
+            c.held_until = Some(until);
+        }
+    }
+
+    /// While this client holds a lock on the channel's resource, waits — at most `limit` — for
+    /// a release: this client's (see [`Waiters::notify_local`]), or any other client's message
+    /// on the channel (the lock may have been handed to another client and released there).
+    /// Repeats of a release already acted on do not end the wait.
+    pub(crate) async fn wait_for_local_holder(&self, limit: Duration) -> LocalHolder {
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut waited = false;
+        loop {
+            let notified = self.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            let (held_until, handoffs) = {
+                let state = lock(&self.waiters.shared.state);
+                let c = state.channels.get(&self.channel);
+                (c.and_then(|c| c.held_until), c.map_or(0, |c| c.handoffs))
+            };
+            let now = tokio::time::Instant::now();
+            let Some(until) = held_until.filter(|u| *u > now) else {
+                return if waited {
+                    LocalHolder::Waited
+                } else {
+                    LocalHolder::None
+                };
+            };
+            waited = true;
+            crate::det::select! {
+                () = notified => {}
+                () = tokio::time::sleep_until(until.min(deadline)) => return LocalHolder::Waited,
+            }
+            let (released, handed) = {
+                let state = lock(&self.waiters.shared.state);
+                let c = state.channels.get(&self.channel);
+                (
+                    c.is_none_or(|c| c.held_until.is_none()),
+                    c.is_some_and(|c| c.handoffs != handoffs),
+                )
+            };
+            if released {
+                return LocalHolder::Released { handed };
+            }
+        }
+    }
+
     /// Local hand-offs on the channel so far: when it grew while a waiter slept, the wake-up was
     /// a release by this client meant for it, and it retries at once instead of after the
     /// stagger that keeps the waiters of several clients from splitting the nodes' votes.
@@ -271,6 +342,7 @@ impl Waiters {
     pub(crate) fn notify_local(&self, channel: &str, wake: Wake) {
         if let Some(c) = lock(&self.shared.state).channels.get_mut(channel) {
             c.first(Some(wake));
+            c.held_until = None;
             if c.waiters > 0 {
                 if c.streak < LOCAL_STREAK {
                     c.streak += 1;
@@ -311,6 +383,7 @@ impl Waiters {
                     handoffs: 0,
                     streak: 0,
                     recent: std::collections::VecDeque::with_capacity(RECENT),
+                    held_until: None,
                 }
             });
             c.waiters += 1;
@@ -514,7 +587,8 @@ impl NodeSub {
                 node.down = false;
                 if !verified && *reconnect {
                     // Releases published while the connection was down went unheard.
-                    for c in state.channels.values() {
+                    for c in state.channels.values_mut() {
+                        c.held_until = None;
                         c.notify.notify_waiters();
                     }
                 }
@@ -580,6 +654,9 @@ impl NodeSub {
         if let Some(c) = lock(&shared.state).channels.get_mut(msg.channel())
             && c.first(Wake::parse(msg.payload()))
         {
+            // Another client's release: if it released the lock this client took (handed to
+            // it), the local waiters must not wait for a release of their own.
+            c.held_until = None;
             c.notify.notify_waiters();
         }
         true

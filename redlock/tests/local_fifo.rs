@@ -271,3 +271,114 @@ async fn local_hand_offs_leave_other_clients_their_share() {
         wins.len()
     );
 }
+
+/// The attempts of every acquire made while `body` runs (tasks on this thread only).
+async fn attempts_during<F: std::future::Future<Output = ()>>(body: F) -> Vec<f64> {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    body.await;
+    let mut attempts: Vec<f64> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, _, _, _)| key.key().name() == "redlock_acquire_attempts")
+        .flat_map(|(_, _, _, value)| match value {
+            metrics_util::debugging::DebugValue::Histogram(h) => {
+                h.into_iter().map(|x| x.into_inner()).collect()
+            }
+            _ => Vec::new(),
+        })
+        .collect();
+    attempts.sort_by(f64::total_cmp);
+    attempts
+}
+
+/// A client with a 2 s retry delay: every attempt is one a wake-up or a turn caused.
+fn slow_retry_client(cluster: &Cluster) -> redlock::Redlock {
+    redlock::Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(10))
+        .node_timeout(common::NODE_TIMEOUT)
+        .retry(
+            redlock::RetryPolicy::deadline(Duration::from_secs(20))
+                .with_delay(Duration::from_secs(2), Duration::ZERO),
+        )
+        .build()
+        .expect("valid config")
+}
+
+/// A waiter that waits for its own client's holder must still notice when that lock is released
+/// through another client (a lock value can be handed to any client of the same nodes): that
+/// release is heard as another client's message, and ends the wait.
+#[tokio::test]
+async fn a_waiter_hears_its_clients_lock_released_by_another_client() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = slow_retry_client(&cluster);
+    let other = slow_retry_client(&cluster);
+    // B takes the lock as a waiter (handed over by A), so the client knows it holds it.
+    let a = rl.acquire("handed-away").await.expect("free");
+    let b = {
+        let rl = rl.clone();
+        tokio::spawn(async move { rl.acquire("handed-away").await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    rl.release(a).await.expect("A releases");
+    let b = b.await.unwrap().expect("B is handed the lock");
+    // C waits for B's release; B's lock is released by the other client.
+    let c = {
+        let rl = rl.clone();
+        tokio::spawn(async move { rl.acquire("handed-away").await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let released = std::time::Instant::now();
+    other
+        .release(b)
+        .await
+        .expect("the other client releases B's lock");
+    let c = tokio::time::timeout(Duration::from_secs(5), c)
+        .await
+        .expect("C gets the lock well before the lock's TTL or its 20 s deadline")
+        .unwrap()
+        .expect("C acquires");
+    assert!(
+        released.elapsed() < Duration::from_secs(1),
+        "C waited {:?} after the release, not woken by it",
+        released.elapsed()
+    );
+    rl.release(c).await.expect("C releases");
+}
+
+/// While another task of the same client holds the lock, a waiter of that client has nothing to
+/// gain from asking the nodes: it waits for the holder's release (which wakes it directly) and
+/// then makes one attempt. It used to make one first, refused on every node, on each turn.
+#[tokio::test]
+async fn a_waiter_does_not_attempt_while_its_own_client_holds_the_lock() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = slow_retry_client(&cluster);
+    let hold = Duration::from_millis(200);
+    let attempts = attempts_during(async {
+        // Round 1: A holds; B waits for it (refused, subscribes, refused again) and is handed
+        // the lock when A releases.
+        let a = rl.acquire("own-holder").await.expect("free");
+        let b = {
+            let rl = rl.clone();
+            tokio::spawn(async move { rl.acquire("own-holder").await })
+        };
+        tokio::time::sleep(hold).await;
+        rl.release(a).await.expect("A releases");
+        let b = b.await.unwrap().expect("B is handed the lock");
+        // Round 2: B holds; A, acquiring again, waits for B's release without an attempt.
+        let a = {
+            let rl = rl.clone();
+            tokio::spawn(async move { rl.acquire("own-holder").await })
+        };
+        tokio::time::sleep(hold).await;
+        rl.release(b).await.expect("B releases");
+        let a = a.await.unwrap().expect("A is handed the lock");
+        rl.release(a).await.expect("A releases");
+    })
+    .await;
+    // A's first acquire: 1; B's: 3; A's second: 1 (2 with the refused attempt first).
+    assert_eq!(attempts, vec![1.0, 1.0, 3.0]);
+}
