@@ -69,6 +69,14 @@ pub(crate) struct Core<B> {
     round_trip_us: std::sync::atomic::AtomicU64,
 }
 
+/// A random pause of up to two round trips, taken by a waiter woken by a release that was not
+/// handed to it: every client's waiter hears the same release, and staggering their attempts
+/// lets the first one win cleanly instead of all of them splitting the nodes' votes.
+async fn stagger(round_trip: Duration) {
+    let unit: f64 = crate::det::unit();
+    tokio::time::sleep((round_trip * 2).mul_f64(unit)).await;
+}
+
 impl<B: Backend> Core<B> {
     pub(crate) fn new(config: Config, backend: B, waiters: Option<Waiters>) -> Self {
         let p = &config.key_prefix;
@@ -335,17 +343,17 @@ impl<B: Backend> Core<B> {
                     && let Some(limit) = self.local_wait_limit(policy, attempts, started, &channel)
                 {
                     match i.wait_for_local_holder(limit).await {
-                        LocalHolder::Released { handed: false } => {
-                            // Not a hand-off: staggered like every other client's waiters.
+                        LocalHolder::Released { handed } => {
                             quick_retries = 3;
-                            let unit: f64 = crate::det::unit();
-                            let round_trip = Duration::from_micros(
-                                self.round_trip_us.load(std::sync::atomic::Ordering::Relaxed),
-                            );
-                            tokio::time::sleep(round_trip.mul_f64(2.0 * unit)).await;
+                            if !handed {
+                                // Not a hand-off: staggered like every other client's waiters.
+                                stagger(Duration::from_micros(
+                                    self.round_trip_us.load(std::sync::atomic::Ordering::Relaxed),
+                                ))
+                                .await;
+                            }
                         }
-                        LocalHolder::Released { handed: true } => quick_retries = 3,
-                        LocalHolder::None | LocalHolder::Waited => {}
+                        LocalHolder::NotHeld => {}
                     }
                 }
                 attempts += 1;
@@ -447,8 +455,7 @@ impl<B: Backend> Core<B> {
                             // Every client's waiter hears the same release. Retrying all at once
                             // splits the nodes' votes so that nobody reaches a quorum; a random
                             // stagger of up to two round trips lets the first one win cleanly.
-                            let unit: f64 = crate::det::unit();
-                            tokio::time::sleep((round_trip * 2).mul_f64(unit)).await;
+                            stagger(round_trip).await;
                         }
                     }
                     _ => tokio::time::sleep(pause).await,

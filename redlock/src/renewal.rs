@@ -583,9 +583,8 @@ fn repair<B: Backend>(backend: &Arc<B>, node_timeout: Duration, held: &Arc<Held>
     for &i in nodes {
         let call = engine::handed_over(backend.call(i, Arc::clone(&op)));
         let node = backend.name(i).clone();
-        let budget = node_timeout;
         tokio::spawn(async move {
-            match tokio::time::timeout(budget + engine::DELIVERY_GRACE, call).await {
+            match tokio::time::timeout(node_timeout + engine::DELIVERY_GRACE, call).await {
                 Ok(Ok(crate::backend::Reply::Yes { .. })) => {
                     tracing::debug!(%node, "renewal put back keys the node had lost");
                 }

@@ -202,13 +202,11 @@ impl Drop for Interest {
 /// What [`Interest::wait_for_local_holder`] saw.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LocalHolder {
-    /// No lock of this client is known to hold the channel's resource: attempt.
-    None,
-    /// This client released it; `handed` when the release was a local hand-off (see
-    /// [`Interest::handoffs`]).
+    /// No lock of this client is known to hold the channel's resource (any more), or the
+    /// wait's limit passed: attempt.
+    NotHeld,
+    /// A release was seen; `handed` when it was a local hand-off (see [`Interest::handoffs`]).
     Released { handed: bool },
-    /// The wait's limit or the lock's validity ended first.
-    Waited,
 }
 
 impl Interest {
@@ -229,7 +227,6 @@ impl Interest {
     /// Repeats of a release already acted on do not end the wait.
     pub(crate) async fn wait_for_local_holder(&self, limit: Duration) -> LocalHolder {
         let deadline = tokio::time::Instant::now() + limit;
-        let mut waited = false;
         loop {
             let notified = self.notify.notified();
             let mut notified = std::pin::pin!(notified);
@@ -241,16 +238,11 @@ impl Interest {
             };
             let now = tokio::time::Instant::now();
             let Some(until) = held_until.filter(|u| *u > now) else {
-                return if waited {
-                    LocalHolder::Waited
-                } else {
-                    LocalHolder::None
-                };
+                return LocalHolder::NotHeld;
             };
-            waited = true;
             crate::det::select! {
                 () = notified => {}
-                () = tokio::time::sleep_until(until.min(deadline)) => return LocalHolder::Waited,
+                () = tokio::time::sleep_until(until.min(deadline)) => return LocalHolder::NotHeld,
             }
             let (released, handed) = {
                 let state = lock(&self.waiters.shared.state);

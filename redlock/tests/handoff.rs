@@ -303,49 +303,37 @@ async fn attempts_after(messages: &[&str]) -> f64 {
     let waiter = client(&cluster);
     let key = "woken-once";
     let lock = holder.acquire(key).await.expect("free");
-    let recorder = metrics_util::debugging::DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let _guard = metrics::set_default_local_recorder(&recorder);
-    let w = tokio::spawn(async move { waiter.acquire(key).await });
-    let channel = format!("{}release:{key}", redlock::DEFAULT_KEY_PREFIX);
-    assert!(
-        eventually(Duration::from_secs(5), || async {
-            common::subscribed_nodes(&cluster, &channel).await == 3
-        })
-        .await,
-        "the waiter subscribes on every node"
-    );
-    // Its second attempt (right after subscribing) has been refused by now.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    for message in messages {
-        for i in 0..3 {
-            publish(&cluster, i, key, message).await;
-            tokio::time::sleep(Duration::from_millis(150)).await;
-        }
-    }
-    let started = Instant::now();
-    holder.release(lock).await.expect("release");
-    let won = w
-        .await
-        .expect("waiter task")
-        .expect("the waiter wins after the release");
-    assert!(
-        started.elapsed() < RETRY_DELAY / 2,
-        "the release notification woke the waiter"
-    );
-    drop(won);
-    let attempts: Vec<f64> = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, _, _, _)| key.key().name() == "redlock_acquire_attempts")
-        .flat_map(|(_, _, _, value)| match value {
-            metrics_util::debugging::DebugValue::Histogram(h) => {
-                h.into_iter().map(|x| x.into_inner()).collect()
+    let attempts = common::attempts_during(async {
+        let w = tokio::spawn(async move { waiter.acquire(key).await });
+        let channel = format!("{}release:{key}", redlock::DEFAULT_KEY_PREFIX);
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                common::subscribed_nodes(&cluster, &channel).await == 3
+            })
+            .await,
+            "the waiter subscribes on every node"
+        );
+        // Its second attempt (right after subscribing) has been refused by now.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for message in messages {
+            for i in 0..3 {
+                publish(&cluster, i, key, message).await;
+                tokio::time::sleep(Duration::from_millis(150)).await;
             }
-            _ => Vec::new(),
-        })
-        .collect();
+        }
+        let started = Instant::now();
+        holder.release(lock).await.expect("release");
+        let won = w
+            .await
+            .expect("waiter task")
+            .expect("the waiter wins after the release");
+        assert!(
+            started.elapsed() < RETRY_DELAY / 2,
+            "the release notification woke the waiter"
+        );
+        drop(won);
+    })
+    .await;
     assert_eq!(attempts.len(), 1, "one acquire: {attempts:?}");
     attempts[0]
 }

@@ -272,28 +272,6 @@ async fn local_hand_offs_leave_other_clients_their_share() {
     );
 }
 
-/// The attempts of every acquire made while `body` runs (tasks on this thread only).
-async fn attempts_during<F: std::future::Future<Output = ()>>(body: F) -> Vec<f64> {
-    let recorder = metrics_util::debugging::DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let _guard = metrics::set_default_local_recorder(&recorder);
-    body.await;
-    let mut attempts: Vec<f64> = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, _, _, _)| key.key().name() == "redlock_acquire_attempts")
-        .flat_map(|(_, _, _, value)| match value {
-            metrics_util::debugging::DebugValue::Histogram(h) => {
-                h.into_iter().map(|x| x.into_inner()).collect()
-            }
-            _ => Vec::new(),
-        })
-        .collect();
-    attempts.sort_by(f64::total_cmp);
-    attempts
-}
-
 /// A client with a 2 s retry delay: every attempt is one a wake-up or a turn caused.
 fn slow_retry_client(cluster: &Cluster) -> redlock::Redlock {
     redlock::Redlock::builder()
@@ -357,7 +335,7 @@ async fn a_waiter_does_not_attempt_while_its_own_client_holds_the_lock() {
     let cluster = Cluster::start(3).await.unwrap();
     let rl = slow_retry_client(&cluster);
     let hold = Duration::from_millis(200);
-    let attempts = attempts_during(async {
+    let attempts = common::attempts_during(async {
         // Round 1: A holds; B waits for it (refused, subscribes, refused again) and is handed
         // the lock when A releases.
         let a = rl.acquire("own-holder").await.expect("free");

@@ -91,3 +91,26 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The attempts of every acquire made while `body` runs (`redlock_acquire_attempts`), sorted;
+/// only tasks on this thread are seen (a current-thread runtime).
+pub async fn attempts_during<F: std::future::Future<Output = ()>>(body: F) -> Vec<f64> {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    body.await;
+    let mut attempts: Vec<f64> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, _, _, _)| key.key().name() == "redlock_acquire_attempts")
+        .flat_map(|(_, _, _, value)| match value {
+            metrics_util::debugging::DebugValue::Histogram(h) => {
+                h.into_iter().map(|x| x.into_inner()).collect()
+            }
+            _ => Vec::new(),
+        })
+        .collect();
+    attempts.sort_by(f64::total_cmp);
+    attempts
+}
