@@ -74,7 +74,7 @@ pub(crate) struct Core<B> {
 /// lets the first one win cleanly instead of all of them splitting the nodes' votes.
 async fn stagger(round_trip: Duration) {
     let unit: f64 = crate::det::unit();
-    tokio::time::sleep((round_trip * 2).mul_f64(unit)).await;
+    crate::timer::sleep((round_trip * 2).mul_f64(unit)).await;
 }
 
 impl<B: Backend> Core<B> {
@@ -443,7 +443,7 @@ impl<B: Backend> Core<B> {
                         let wake = notified.take();
                         let woken = crate::det::select! {
                             () = async { if let Some(w) = wake { w.await } } => true,
-                            () = tokio::time::sleep(wait) => false,
+                            () = crate::timer::sleep(wait) => false,
                         };
                         // A local hand-off: the release was this client's, meant for this
                         // waiter, whose attempt reaches every node right behind the deletes.

@@ -22,6 +22,7 @@ mod scripts;
 #[cfg(feature = "simulation")]
 pub mod sim;
 mod telemetry;
+mod timer;
 mod token;
 mod url;
 mod waiters;
