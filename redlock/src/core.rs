@@ -342,16 +342,24 @@ impl<B: Backend> Core<B> {
                 if let Some(i) = interest.as_ref()
                     && let Some(limit) = self.local_wait_limit(policy, attempts, started, &channel)
                 {
+                    let round_trip = Duration::from_micros(
+                        self.round_trip_us.load(std::sync::atomic::Ordering::Relaxed),
+                    );
                     match i.wait_for_local_holder(limit).await {
                         LocalHolder::Released { handed } => {
                             quick_retries = 3;
                             if !handed {
                                 // Not a hand-off: staggered like every other client's waiters.
-                                stagger(Duration::from_micros(
-                                    self.round_trip_us.load(std::sync::atomic::Ordering::Relaxed),
-                                ))
-                                .await;
+                                stagger(round_trip).await;
                             }
+                        }
+                        // This client released the lock moments ago: its own task coming back
+                        // for it knew of the release first, and would reach the nodes ahead of
+                        // every other client's waiter each time. It draws a stagger like them.
+                        LocalHolder::NotHeld
+                            if attempts == 0 && i.released_here_within(round_trip * 4) =>
+                        {
+                            stagger(round_trip).await;
                         }
                         LocalHolder::NotHeld => {}
                     }

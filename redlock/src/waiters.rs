@@ -57,6 +57,11 @@ struct Channel {
     /// another client's message (the lock may have been handed to another client): its other
     /// waiters wait for that release instead of attempting, which could only be refused.
     held_until: Option<tokio::time::Instant>,
+    /// When this client last released the channel's resource, while no other client's release
+    /// has been heard since: a task of this client that acquires again right away would reach
+    /// the nodes ahead of every other client's waiter (they hear of the release later, and
+    /// stagger), so it staggers too (see [`Interest::released_here_within`]).
+    released_here: Option<tokio::time::Instant>,
     /// The latest releases' wake-up ids already acted on (by a local release or the first
     /// node's message), oldest first: the other nodes' messages for them wake nobody.
     recent: std::collections::VecDeque<Wake>,
@@ -258,6 +263,15 @@ impl Interest {
         }
     }
 
+    /// Whether the last release heard on the channel was this client's, less than `window` ago.
+    pub(crate) fn released_here_within(&self, window: Duration) -> bool {
+        lock(&self.waiters.shared.state)
+            .channels
+            .get(&self.channel)
+            .and_then(|c| c.released_here)
+            .is_some_and(|at| at.elapsed() < window)
+    }
+
     /// Local hand-offs on the channel so far: when it grew while a waiter slept, the wake-up was
     /// a release by this client meant for it, and it retries at once instead of after the
     /// stagger that keeps the waiters of several clients from splitting the nodes' votes.
@@ -335,6 +349,7 @@ impl Waiters {
         if let Some(c) = lock(&self.shared.state).channels.get_mut(channel) {
             c.first(Some(wake));
             c.held_until = None;
+            c.released_here = Some(tokio::time::Instant::now());
             if c.waiters > 0 {
                 if c.streak < LOCAL_STREAK {
                     c.streak += 1;
@@ -376,6 +391,7 @@ impl Waiters {
                     streak: 0,
                     recent: std::collections::VecDeque::with_capacity(RECENT),
                     held_until: None,
+                    released_here: None,
                 }
             });
             c.waiters += 1;
@@ -649,6 +665,7 @@ impl NodeSub {
             // Another client's release: if it released the lock this client took (handed to
             // it), the local waiters must not wait for a release of their own.
             c.held_until = None;
+            c.released_here = None;
             c.notify.notify_waiters();
         }
         true

@@ -360,3 +360,61 @@ async fn a_waiter_does_not_attempt_while_its_own_client_holds_the_lock() {
     // A's first acquire: 1; B's: 3; A's second: 1 (2 with the refused attempt first).
     assert_eq!(attempts, vec![1.0, 1.0, 3.0]);
 }
+
+/// A client whose only task releases a hot lock and at once acquires it again heard of the
+/// release before any other client's waiter (they learn of it from the nodes' messages, then
+/// stagger): unless it staggers too, it wins the lock back nearly every time. Two clients of
+/// one task each take 100 turns: the previous winner may win the next turn too, but not nearly
+/// always.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_releasing_client_does_not_win_its_lock_back_ahead_of_another_clients_waiter() {
+    const TURNS: usize = 100;
+    let cluster = Cluster::start(3).await.unwrap();
+    let wins = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for c in 0..2 {
+        // The default retry delay: a waiter that is not woken does not get in by polling.
+        let rl = redlock::Redlock::builder()
+            .nodes(cluster.urls())
+            .ttl(Duration::from_secs(10))
+            .retry(redlock::RetryPolicy::deadline(Duration::from_secs(30)))
+            .build()
+            .expect("valid config");
+        let wins = Arc::clone(&wins);
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let lock = rl.acquire("bounce").await.expect("acquire");
+                let done = {
+                    let mut w = wins.lock().unwrap();
+                    w.push(c);
+                    w.len() >= TURNS
+                };
+                tokio::time::sleep(HOLD).await;
+                rl.release(lock).await.expect("release");
+                if done || wins.lock().unwrap().len() >= TURNS {
+                    return;
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("the turns end")
+            .unwrap();
+    }
+    let wins = wins.lock().unwrap().clone();
+    // The first turns, while the second client subscribes, are not counted.
+    let counted = &wins[10..];
+    let repeats = counted.windows(2).filter(|w| w[0] == w[1]).count();
+    let longest = counted.chunk_by(|a, b| a == b).map(<[usize]>::len).max();
+    println!(
+        "the previous winner won again {repeats} of {} times; longest run {longest:?}",
+        counted.len() - 1
+    );
+    assert!(
+        repeats * 4 <= (counted.len() - 1) * 3,
+        "the releasing client won its lock back {repeats} of {} times",
+        counted.len() - 1
+    );
+}
