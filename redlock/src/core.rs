@@ -69,13 +69,19 @@ pub(crate) struct Core<B> {
     round_trip_us: std::sync::atomic::AtomicU64,
 }
 
-/// A random pause of up to two round trips, taken by a waiter woken by a release that was not
+/// A random pause of up to two round trips (at least [`STAGGER_MIN`]), taken by a waiter woken by a release that was not
 /// handed to it: every client's waiter hears the same release, and staggering their attempts
 /// lets the first one win cleanly instead of all of them splitting the nodes' votes.
 async fn stagger(round_trip: Duration) {
     let unit: f64 = crate::det::unit();
-    crate::timer::sleep((round_trip * 2).mul_f64(unit)).await;
+    crate::timer::sleep((round_trip * 2).max(STAGGER_MIN).mul_f64(unit)).await;
 }
+
+/// The least range of the stagger. A node sends a release's message to its subscribers one
+/// after another in the order they subscribed, so the same clients hear every release first;
+/// a range much wider than that head start keeps it from deciding who wins (test
+/// `clients_that_hear_releases_later_still_get_their_share`).
+const STAGGER_MIN: Duration = Duration::from_millis(1);
 
 impl<B: Backend> Core<B> {
     pub(crate) fn new(config: Config, backend: B, waiters: Option<Waiters>) -> Self {
@@ -353,11 +359,12 @@ impl<B: Backend> Core<B> {
                                 stagger(round_trip).await;
                             }
                         }
-                        // This client released the lock moments ago: its own task coming back
-                        // for it knew of the release first, and would reach the nodes ahead of
-                        // every other client's waiter each time. It draws a stagger like them.
+                        // The last release heard on the channel was this client's: its own task
+                        // coming back for the lock knew of it first, and would reach the nodes
+                        // ahead of every other client's waiter each time. It draws a stagger
+                        // like them (an uncontended lock has no channel, and no stagger).
                         LocalHolder::NotHeld
-                            if attempts == 0 && i.released_here_within(round_trip * 4) =>
+                            if attempts == 0 && i.released_here() =>
                         {
                             stagger(round_trip).await;
                         }

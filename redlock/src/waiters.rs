@@ -60,8 +60,8 @@ struct Channel {
     /// When this client last released the channel's resource, while no other client's release
     /// has been heard since: a task of this client that acquires again right away would reach
     /// the nodes ahead of every other client's waiter (they hear of the release later, and
-    /// stagger), so it staggers too (see [`Interest::released_here_within`]).
-    released_here: Option<tokio::time::Instant>,
+    /// stagger), so it staggers too (see [`Interest::released_here`]).
+    released_here: bool,
     /// The latest releases' wake-up ids already acted on (by a local release or the first
     /// node's message), oldest first: the other nodes' messages for them wake nobody.
     recent: std::collections::VecDeque<Wake>,
@@ -263,13 +263,12 @@ impl Interest {
         }
     }
 
-    /// Whether the last release heard on the channel was this client's, less than `window` ago.
-    pub(crate) fn released_here_within(&self, window: Duration) -> bool {
+    /// Whether the last release heard on the channel was this client's.
+    pub(crate) fn released_here(&self) -> bool {
         lock(&self.waiters.shared.state)
             .channels
             .get(&self.channel)
-            .and_then(|c| c.released_here)
-            .is_some_and(|at| at.elapsed() < window)
+            .is_some_and(|c| c.released_here)
     }
 
     /// Local hand-offs on the channel so far: when it grew while a waiter slept, the wake-up was
@@ -349,7 +348,7 @@ impl Waiters {
         if let Some(c) = lock(&self.shared.state).channels.get_mut(channel) {
             c.first(Some(wake));
             c.held_until = None;
-            c.released_here = Some(tokio::time::Instant::now());
+            c.released_here = true;
             if c.waiters > 0 {
                 if c.streak < LOCAL_STREAK {
                     c.streak += 1;
@@ -391,7 +390,7 @@ impl Waiters {
                     streak: 0,
                     recent: std::collections::VecDeque::with_capacity(RECENT),
                     held_until: None,
-                    released_here: None,
+                    released_here: false,
                 }
             });
             c.waiters += 1;
@@ -665,7 +664,7 @@ impl NodeSub {
             // Another client's release: if it released the lock this client took (handed to
             // it), the local waiters must not wait for a release of their own.
             c.held_until = None;
-            c.released_here = None;
+            c.released_here = false;
             c.notify.notify_waiters();
         }
         true
