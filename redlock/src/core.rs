@@ -69,9 +69,10 @@ pub(crate) struct Core<B> {
     round_trip_us: std::sync::atomic::AtomicU64,
 }
 
-/// A random pause of up to two round trips (at least [`STAGGER_MIN`]), taken by a waiter woken by a release that was not
-/// handed to it: every client's waiter hears the same release, and staggering their attempts
-/// lets the first one win cleanly instead of all of them splitting the nodes' votes.
+/// A random pause of up to two round trips (or [`STAGGER_MIN`], whichever is longer), taken by
+/// a waiter woken by a release that was not handed to it: every client's waiter hears the same
+/// release, and staggering their attempts lets the first one win cleanly instead of all of them
+/// splitting the nodes' votes.
 async fn stagger(round_trip: Duration) {
     let unit: f64 = crate::det::unit();
     crate::timer::sleep((round_trip * 2).max(STAGGER_MIN).mul_f64(unit)).await;

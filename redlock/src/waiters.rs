@@ -57,10 +57,10 @@ struct Channel {
     /// another client's message (the lock may have been handed to another client): its other
     /// waiters wait for that release instead of attempting, which could only be refused.
     held_until: Option<tokio::time::Instant>,
-    /// When this client last released the channel's resource, while no other client's release
-    /// has been heard since: a task of this client that acquires again right away would reach
-    /// the nodes ahead of every other client's waiter (they hear of the release later, and
-    /// stagger), so it staggers too (see [`Interest::released_here`]).
+    /// Whether the last release heard on the channel was this client's (no other client's
+    /// release message since): a task of this client acquiring now would reach the nodes ahead
+    /// of every other client's waiter (they hear of the release later, and stagger), so it
+    /// staggers too (see [`Interest::released_here`]).
     released_here: bool,
     /// The latest releases' wake-up ids already acted on (by a local release or the first
     /// node's message), oldest first: the other nodes' messages for them wake nobody.
