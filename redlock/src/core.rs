@@ -470,7 +470,7 @@ impl<B: Backend> Core<B> {
                         if woken && !handed {
                             // Every client's waiter hears the same release. Retrying all at once
                             // splits the nodes' votes so that nobody reaches a quorum; a random
-                            // stagger of up to two round trips lets the first one win cleanly.
+                            // stagger lets the first one win cleanly.
                             stagger(round_trip).await;
                         }
                     }

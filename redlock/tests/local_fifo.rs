@@ -224,30 +224,10 @@ async fn local_hand_offs_leave_other_clients_their_share() {
     let wins = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for c in 0..2 {
-        // The default retry delay: a waiter that is not woken does not get in by polling.
-        let rl = redlock::Redlock::builder()
-            .nodes(cluster.urls())
-            .ttl(Duration::from_secs(10))
-            .retry(redlock::RetryPolicy::deadline(Duration::from_secs(30)))
-            .build()
-            .expect("valid config");
+        let rl = woken_only_client(&cluster);
         for _ in 0..TASKS {
             let (rl, wins) = (rl.clone(), Arc::clone(&wins));
-            tasks.push(tokio::spawn(async move {
-                loop {
-                    let lock = rl.acquire("shared").await.expect("acquire");
-                    let done = {
-                        let mut w = wins.lock().unwrap();
-                        w.push(c);
-                        w.len() >= TURNS
-                    };
-                    tokio::time::sleep(HOLD).await;
-                    rl.release(lock).await.expect("release");
-                    if done || wins.lock().unwrap().len() >= TURNS {
-                        return;
-                    }
-                }
-            }));
+            tasks.push(tokio::spawn(take_turns(rl, "shared", c, wins, TURNS)));
         }
     }
     for t in tasks {
@@ -270,6 +250,40 @@ async fn local_hand_offs_leave_other_clients_their_share() {
         "one client took nearly every turn: client 1 won {second} of {}",
         wins.len()
     );
+}
+
+/// A client with the default retry delay: a waiter that is not woken does not get in by polling.
+fn woken_only_client(cluster: &Cluster) -> redlock::Redlock {
+    redlock::Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(10))
+        .retry(redlock::RetryPolicy::deadline(Duration::from_secs(30)))
+        .build()
+        .expect("valid config")
+}
+
+/// Takes turns on `resource` as contender `c`: acquires, records the win, holds for [`HOLD`],
+/// releases — until `turns` wins were recorded in all.
+async fn take_turns(
+    rl: redlock::Redlock,
+    resource: &'static str,
+    c: usize,
+    wins: Arc<Mutex<Vec<usize>>>,
+    turns: usize,
+) {
+    loop {
+        let lock = rl.acquire(resource).await.expect("acquire");
+        let done = {
+            let mut w = wins.lock().unwrap();
+            w.push(c);
+            w.len() >= turns
+        };
+        tokio::time::sleep(HOLD).await;
+        rl.release(lock).await.expect("release");
+        if done || wins.lock().unwrap().len() >= turns {
+            return;
+        }
+    }
 }
 
 /// A client with a 2 s retry delay: every attempt is one a wake-up or a turn caused.
@@ -371,17 +385,7 @@ async fn a_releasing_client_does_not_win_its_lock_back_ahead_of_another_clients_
     const TURNS: usize = 100;
     let cluster = Cluster::start(3).await.unwrap();
     let wins = Arc::new(Mutex::new(Vec::new()));
-    // The default retry delay: a waiter that is not woken does not get in by polling.
-    let clients: Vec<redlock::Redlock> = (0..2)
-        .map(|_| {
-            redlock::Redlock::builder()
-                .nodes(cluster.urls())
-                .ttl(Duration::from_secs(10))
-                .retry(redlock::RetryPolicy::deadline(Duration::from_secs(30)))
-                .build()
-                .expect("valid config")
-        })
-        .collect();
+    let clients: Vec<redlock::Redlock> = (0..2).map(|_| woken_only_client(&cluster)).collect();
     // Each client waits for the other once, so both listen on the channel.
     for (holder, waiter) in [(0, 1), (1, 0)] {
         let lock = clients[holder].acquire("bounce").await.expect("free");
@@ -397,21 +401,7 @@ async fn a_releasing_client_does_not_win_its_lock_back_ahead_of_another_clients_
     let mut tasks = Vec::new();
     for (c, rl) in clients.into_iter().enumerate() {
         let wins = Arc::clone(&wins);
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let lock = rl.acquire("bounce").await.expect("acquire");
-                let done = {
-                    let mut w = wins.lock().unwrap();
-                    w.push(c);
-                    w.len() >= TURNS
-                };
-                tokio::time::sleep(HOLD).await;
-                rl.release(lock).await.expect("release");
-                if done || wins.lock().unwrap().len() >= TURNS {
-                    return;
-                }
-            }
-        }));
+        tasks.push(tokio::spawn(take_turns(rl, "bounce", c, wins, TURNS)));
     }
     for t in tasks {
         tokio::time::timeout(Duration::from_secs(60), t)
@@ -420,7 +410,7 @@ async fn a_releasing_client_does_not_win_its_lock_back_ahead_of_another_clients_
             .unwrap();
     }
     let wins = wins.lock().unwrap().clone();
-    // The first turns, while the second client subscribes, are not counted.
+    // The first turns are not counted.
     let counted = &wins[10..];
     let repeats = counted.windows(2).filter(|w| w[0] == w[1]).count();
     let longest = counted.chunk_by(|a, b| a == b).map(<[usize]>::len).max();
@@ -448,12 +438,7 @@ async fn clients_that_hear_releases_later_still_get_their_share() {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut tasks = Vec::new();
     for c in 0..CLIENTS {
-        let rl = redlock::Redlock::builder()
-            .nodes(cluster.urls())
-            .ttl(Duration::from_secs(10))
-            .retry(redlock::RetryPolicy::deadline(Duration::from_secs(30)))
-            .build()
-            .expect("valid config");
+        let rl = woken_only_client(&cluster);
         let (wins, stop) = (Arc::clone(&wins), Arc::clone(&stop));
         tasks.push(tokio::spawn(async move {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
