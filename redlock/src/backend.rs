@@ -79,8 +79,13 @@ impl Wake {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Reply {
     /// Granted / extended / deleted. Stamped acquire grants carry the node's claim: the
-    /// server's identity and the stamp it issued.
-    Yes { claim: Option<Claim> },
+    /// server's identity and the stamp it issued. A release that deleted something says, when
+    /// the node told, how many subscribers heard its wake-up there (this client's own
+    /// subscription among them).
+    Yes {
+        claim: Option<Claim>,
+        heard: Option<u32>,
+    },
     /// Refused / not ours / already gone.
     No,
 }
@@ -89,8 +94,14 @@ impl Reply {
     /// The answer of a script or command that counts what it did (keys extended or deleted):
     /// `Yes` when it did anything.
     pub(crate) fn counted(n: i64) -> Self {
+        Self::released(n, None)
+    }
+
+    /// A release's answer: `Yes` when it deleted anything, with how many subscribers heard
+    /// its wake-up on the node, if known.
+    pub(crate) fn released(n: i64, heard: Option<u32>) -> Self {
         if n > 0 {
-            Reply::Yes { claim: None }
+            Reply::Yes { claim: None, heard }
         } else {
             Reply::No
         }

@@ -74,6 +74,7 @@ pub(crate) struct Core<B> {
 /// release, and staggering their attempts lets the first one win cleanly instead of all of them
 /// splitting the nodes' votes.
 async fn stagger(round_trip: Duration) {
+    telemetry::stagger();
     let unit: f64 = crate::det::unit();
     crate::timer::sleep((round_trip * 2).max(STAGGER_MIN).mul_f64(unit)).await;
 }
@@ -360,12 +361,13 @@ impl<B: Backend> Core<B> {
                                 stagger(round_trip).await;
                             }
                         }
-                        // The last release heard on the channel was this client's: its own task
-                        // coming back for the lock knew of it first, and would reach the nodes
-                        // ahead of every other client's waiter each time. It draws a stagger
-                        // like them (an uncontended lock has no channel, and no stagger).
+                        // The last release heard on the channel was this client's, and other
+                        // clients listen: its own task coming back for the lock knew of it
+                        // first, and would reach the nodes ahead of every other client's waiter
+                        // each time. It draws a stagger like them (an uncontended lock has no
+                        // channel, and no stagger; nor does a lock nobody else listens on).
                         LocalHolder::NotHeld
-                            if attempts == 0 && i.released_here() =>
+                            if attempts == 0 && i.ahead_of_others() =>
                         {
                             stagger(round_trip).await;
                         }
@@ -586,6 +588,9 @@ impl<B: Backend> Core<B> {
                 }
             }
             let d = phase.decided().await;
+            if let Some(w) = &self.waiters {
+                w.release_heard(&channels, &d.heard);
+            }
             telemetry::release_done(d.success);
             let nodes = d.reports(&*self.backend);
             if d.success {

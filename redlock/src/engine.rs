@@ -230,6 +230,9 @@ pub(crate) struct Decision {
     pub(crate) outcomes: Vec<NodeOutcome>,
     /// Claims of the nodes that granted (stamped acquires only).
     pub(crate) claims: Vec<Option<Claim>>,
+    /// Per node, how many subscribers heard a release's wake-up there (releases that deleted
+    /// something, on nodes that say).
+    pub(crate) heard: Vec<Option<u32>>,
     /// Nodes that counted towards the goal.
     pub(crate) positive: usize,
     pub(crate) needed: usize,
@@ -252,9 +255,14 @@ impl Decision {
     }
 }
 
+/// What a node's positive answer carried besides the yes: the claim of a stamped grant, and how
+/// many subscribers heard a release's wake-up.
+type Extras = (Option<Claim>, Option<u32>);
+
 struct State {
     outcomes: Vec<NodeOutcome>,
     claims: Vec<Option<Claim>>,
+    heard: Vec<Option<u32>>,
     positive: usize,
     pending: usize,
     needed: usize,
@@ -267,7 +275,7 @@ struct State {
 impl State {
     /// Records node `i`'s answer; sends the decision the first time it is known. Returns whether
     /// the node now needs the cleanup request (attempt abandoned and the node may hold our key).
-    fn settle(&mut self, i: usize, outcome: NodeOutcome, claim: Option<Claim>) -> bool {
+    fn settle(&mut self, i: usize, outcome: NodeOutcome, (claim, heard): Extras) -> bool {
         let counts = match self.goal {
             Goal::Quorum => matches!(outcome, NodeOutcome::Confirmed),
             Goal::NoQuorumLeft => matches!(outcome, NodeOutcome::Confirmed | NodeOutcome::Refused),
@@ -275,6 +283,7 @@ impl State {
         self.positive += usize::from(counts);
         self.pending -= 1;
         self.claims[i] = claim;
+        self.heard[i] = heard;
         self.outcomes[i] = outcome;
         if self.tx.is_some()
             && let Some(success) = verdict(self.positive, self.pending, self.needed)
@@ -283,6 +292,7 @@ impl State {
                 success,
                 outcomes: self.outcomes.clone(),
                 claims: self.claims.clone(),
+                heard: self.heard.clone(),
                 positive: self.positive,
                 needed: self.needed,
             };
@@ -341,6 +351,7 @@ impl<B: Backend> Phase<B> {
         let state = Arc::new(Mutex::new(State {
             outcomes: vec![NodeOutcome::Pending; n],
             claims: vec![None; n],
+            heard: vec![None; n],
             positive: 0,
             pending: n,
             needed: needed(goal, n),
@@ -406,6 +417,7 @@ impl<B: Backend> Phase<B> {
                     success: false,
                     outcomes: st.outcomes.clone(),
                     claims: st.claims.clone(),
+                    heard: st.heard.clone(),
                     positive: st.positive,
                     needed: st.needed,
                 }
@@ -535,13 +547,13 @@ async fn drive<B: Backend>(
     };
     let mut timer = Box::pin(tokio::time::sleep_until(next_deadline(&settled)));
     loop {
-        let (i, outcome, claim) = match future::select(calls.next(), timer.as_mut()).await {
+        let (i, outcome, extras) = match future::select(calls.next(), timer.as_mut()).await {
             Either::Left((None, _)) => break,
             Either::Left((Some((i, _)), _)) if settled[i] => continue, // a late answer
             Either::Left((Some((i, answer)), _)) => match answer {
-                Ok(Reply::Yes { claim }) => (i, NodeOutcome::Confirmed, claim),
-                Ok(Reply::No) => (i, NodeOutcome::Refused, None),
-                Err(e) => (i, NodeOutcome::Failed(e), None),
+                Ok(Reply::Yes { claim, heard }) => (i, NodeOutcome::Confirmed, (claim, heard)),
+                Ok(Reply::No) => (i, NodeOutcome::Refused, Extras::default()),
+                Err(e) => (i, NodeOutcome::Failed(e), Extras::default()),
             },
             Either::Right(((), _)) => {
                 // Nodes past their deadline are recorded before the driver may stop, even when
@@ -558,7 +570,7 @@ async fn drive<B: Backend>(
                             phase,
                             i,
                             NodeOutcome::TimedOut { after: budgets[i] },
-                            None,
+                            Extras::default(),
                         );
                     }
                 }
@@ -570,7 +582,7 @@ async fn drive<B: Backend>(
             }
         };
         settled[i] = true;
-        record(&backend, &state, &cleanup, phase, i, outcome, claim);
+        record(&backend, &state, &cleanup, phase, i, outcome, extras);
         if settled.iter().all(|s| *s) {
             timer.as_mut().reset(give_up);
         }
@@ -584,10 +596,10 @@ fn record<B: Backend>(
     phase: PhaseName,
     i: usize,
     outcome: NodeOutcome,
-    claim: Option<Claim>,
+    extras: Extras,
 ) {
     telemetry::node_outcome(backend.name(i), phase, &outcome);
-    let needs_cleanup = lock(state).settle(i, outcome, claim);
+    let needs_cleanup = lock(state).settle(i, outcome, extras);
     if let (true, Some(op)) = (needs_cleanup, cleanup) {
         send_cleanup(backend, i, Arc::clone(op), phase);
     }

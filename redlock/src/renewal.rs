@@ -484,6 +484,7 @@ impl<B: Backend> Renewer<B> {
                 success: ok,
                 outcomes: std::mem::take(&mut outcomes[j]),
                 claims: Vec::new(),
+                heard: Vec::new(),
                 positive: yes[j],
                 needed: quorum,
             };

@@ -174,22 +174,27 @@ return out
 /// `ARGV[3..]` = one wake-up channel per key (none for a cleanup).
 ///
 /// Owner-checked delete: removes each key that still holds our token, publishes the wake-up id
-/// on that key's channel so waiters retry at once, and returns how many keys it removed (0 when
-/// the lock had already expired or belongs to someone else). Every node of one release
-/// publishes the same id, so a waiter acts on the first of them and drops the rest. The wake-up
-/// is best effort (`pcall`): an ACL user without permission on the channel still releases.
+/// on that key's channel so waiters retry at once, and returns `{removed, heard}`: how many keys
+/// it removed (0 when the lock had already expired or belongs to someone else), and how many
+/// subscribers received its wake-ups (−1 when it published none, or a publish failed). Every
+/// node of one release publishes the same id, so a waiter acts on the first of them and drops
+/// the rest. The wake-up is best effort (`pcall`): an ACL user without permission on the
+/// channel still releases.
 pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         r"
-local n = 0
+local n, heard = 0, ARGV[3] and 0 or -1
 for i = 1, #KEYS do
   if redis.call('GET', KEYS[i]) == ARGV[1] then
     redis.call('DEL', KEYS[i])
     n = n + 1
-    if ARGV[i + 2] then redis.pcall('PUBLISH', ARGV[i + 2], ARGV[2]) end
+    if ARGV[i + 2] then
+      local r = redis.pcall('PUBLISH', ARGV[i + 2], ARGV[2])
+      if type(r) == 'number' and heard >= 0 then heard = heard + r else heard = -1 end
+    end
   end
 end
-return n
+return {n, heard}
 ",
     )
 });
@@ -210,7 +215,8 @@ return n
 ///   the wake-up id, then the channels.
 ///
 /// Answers, per request: what its own script answers (the stamp for `A`, −2 for an acquire when
-/// the identity record changed), or a string starting with `E` for an error. Stamps issued in
+/// the identity record changed, `{removed, heard}` for `R`), or a string starting with `E` for
+/// an error. Stamps issued in
 /// one batch are strictly increasing, continuing from the node's last stamp.
 pub(crate) static BATCH: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
@@ -265,15 +271,18 @@ local function run(kind, k, n, a)
     return 1
   elseif kind == 'R' then
     local c = tonumber(ARGV[a + 3])
-    local done = 0
+    local done, heard = 0, c > 0 and 0 or -1
     for i = 0, n - 1 do
       if redis.call('GET', KEYS[k + i]) == token then
         redis.call('DEL', KEYS[k + i])
         done = done + 1
-        if i < c then redis.pcall('PUBLISH', ARGV[a + 5 + i], ARGV[a + 4]) end
+        if i < c then
+          local r = redis.pcall('PUBLISH', ARGV[a + 5 + i], ARGV[a + 4])
+          if type(r) == 'number' and heard >= 0 then heard = heard + r else heard = -1 end
+        end
       end
     end
-    return done
+    return {done, heard}
   end
   return 'Eunknown request kind'
 end

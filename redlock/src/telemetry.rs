@@ -80,6 +80,12 @@ pub(crate) fn split_vote() {
     metrics::counter!("redlock_split_votes_total").increment(1);
 }
 
+/// An acquire paused before its attempt so that the waiters of several clients do not all reach
+/// the nodes at once after a release.
+pub(crate) fn stagger() {
+    metrics::counter!("redlock_staggers_total").increment(1);
+}
+
 pub(crate) fn contention() {
     metrics::counter!("redlock_contention_total").increment(1);
 }

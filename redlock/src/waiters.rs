@@ -60,8 +60,12 @@ struct Channel {
     /// Whether the last release heard on the channel was this client's (no other client's
     /// release message since): a task of this client acquiring now would reach the nodes ahead
     /// of every other client's waiter (they hear of the release later, and stagger), so it
-    /// staggers too (see [`Interest::released_here`]).
+    /// staggers too (see [`Interest::ahead_of_others`]).
     released_here: bool,
+    /// Whether another client may have heard this client's last release on the channel: some
+    /// node counted more subscribers receiving its wake-up than this client's own subscription
+    /// there, or no node said (see [`Waiters::release_heard`]).
+    others_heard: bool,
     /// The latest releases' wake-up ids already acted on (by a local release or the first
     /// node's message), oldest first: the other nodes' messages for them wake nobody.
     recent: std::collections::VecDeque<Wake>,
@@ -263,12 +267,14 @@ impl Interest {
         }
     }
 
-    /// Whether the last release heard on the channel was this client's.
-    pub(crate) fn released_here(&self) -> bool {
+    /// Whether an acquire made now would reach the nodes ahead of other clients' waiters: the
+    /// last release heard on the channel was this client's, and another client may have heard
+    /// it too (with nobody else subscribed, there is nobody to be ahead of).
+    pub(crate) fn ahead_of_others(&self) -> bool {
         lock(&self.waiters.shared.state)
             .channels
             .get(&self.channel)
-            .is_some_and(|c| c.released_here)
+            .is_some_and(|c| c.released_here && c.others_heard)
     }
 
     /// Local hand-offs on the channel so far: when it grew while a waiter slept, the wake-up was
@@ -349,6 +355,8 @@ impl Waiters {
             c.first(Some(wake));
             c.held_until = None;
             c.released_here = true;
+            // Until the nodes answer, assume another client heard it.
+            c.others_heard = true;
             if c.waiters > 0 {
                 if c.streak < LOCAL_STREAK {
                     c.streak += 1;
@@ -358,6 +366,32 @@ impl Waiters {
                 }
             }
             c.notify.notify_waiters();
+        }
+    }
+
+    /// What the nodes told of this client's release on `channels`: per node, how many
+    /// subscribers received its wake-ups there. A node that counted more than this client's own
+    /// confirmed subscriptions on it had another client listening. With no node telling (a
+    /// server-native delete, or a failed publish), another client is assumed to have heard.
+    pub(crate) fn release_heard(&self, channels: &[String], heard: &[Option<u32>]) {
+        let mut state = lock(&self.shared.state);
+        let mut told = false;
+        let mut others = false;
+        for (i, heard) in heard.iter().enumerate() {
+            let (Some(heard), Some(node)) = (heard, state.nodes.get(i)) else {
+                continue;
+            };
+            told = true;
+            let ours = channels
+                .iter()
+                .filter(|c| node.subscribed.contains(*c))
+                .count();
+            others |= usize::try_from(*heard).unwrap_or(usize::MAX) > ours;
+        }
+        for c in channels {
+            if let Some(c) = state.channels.get_mut(c) {
+                c.others_heard = others || !told;
+            }
         }
     }
 
@@ -391,6 +425,7 @@ impl Waiters {
                     recent: std::collections::VecDeque::with_capacity(RECENT),
                     held_until: None,
                     released_here: false,
+                    others_heard: true,
                 }
             });
             c.waiters += 1;

@@ -388,15 +388,7 @@ async fn a_releasing_client_does_not_win_its_lock_back_ahead_of_another_clients_
     let clients: Vec<redlock::Redlock> = (0..2).map(|_| woken_only_client(&cluster)).collect();
     // Each client waits for the other once, so both listen on the channel.
     for (holder, waiter) in [(0, 1), (1, 0)] {
-        let lock = clients[holder].acquire("bounce").await.expect("free");
-        let waiting = {
-            let rl = clients[waiter].clone();
-            tokio::spawn(async move { rl.acquire("bounce").await })
-        };
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        clients[holder].release(lock).await.expect("release");
-        let lock = waiting.await.unwrap().expect("handed over");
-        clients[waiter].release(lock).await.expect("release");
+        wait_for_each_other(&clients[holder], &clients[waiter], "bounce").await;
     }
     let mut tasks = Vec::new();
     for (c, rl) in clients.into_iter().enumerate() {
@@ -423,6 +415,54 @@ async fn a_releasing_client_does_not_win_its_lock_back_ahead_of_another_clients_
         "the releasing client won its lock back {repeats} of {} times",
         counted.len() - 1
     );
+}
+
+/// The stagger of a client that acquires the lock it just released is for the other clients'
+/// waiters; with nobody else listening on the lock's channel it only delays the acquire. Client
+/// A waits for B once (so A listens on the channel), then re-acquires its lock in a row: no
+/// other client listens, and none of those acquires may stagger. Then B waits for A once (B
+/// listens too), and A's re-acquires stagger again.
+#[tokio::test]
+async fn a_client_alone_on_a_once_contended_lock_does_not_stagger() {
+    const ROUNDS: usize = 20;
+    let cluster = Cluster::start(3).await.unwrap();
+    let (a, b) = (woken_only_client(&cluster), woken_only_client(&cluster));
+    wait_for_each_other(&b, &a, "alone").await;
+    let alone = common::metric_during("redlock_staggers_total", rounds(&a, "alone", ROUNDS)).await;
+    wait_for_each_other(&a, &b, "alone").await;
+    let watched =
+        common::metric_during("redlock_staggers_total", rounds(&a, "alone", ROUNDS)).await;
+    println!("staggers: {alone:?} alone, {watched:?} with another client listening");
+    assert!(
+        alone.iter().sum::<f64>() == 0.0,
+        "a client alone on the lock staggered {alone:?} times in {ROUNDS} re-acquires"
+    );
+    assert!(
+        watched.iter().sum::<f64>() >= 1.0,
+        "with another client listening, the releasing client never staggered"
+    );
+}
+
+/// `holder` takes `resource`, `waiter` waits for it (and so listens on its channel), `holder`
+/// releases, and `waiter` releases what it was handed.
+async fn wait_for_each_other(holder: &redlock::Redlock, waiter: &redlock::Redlock, resource: &str) {
+    let lock = holder.acquire(resource).await.expect("free");
+    let waiting = {
+        let (rl, resource) = (waiter.clone(), resource.to_owned());
+        tokio::spawn(async move { rl.acquire(&resource).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    holder.release(lock).await.expect("release");
+    let lock = waiting.await.unwrap().expect("handed over");
+    waiter.release(lock).await.expect("release");
+}
+
+/// Acquires and releases `resource` `n` times in a row.
+async fn rounds(rl: &redlock::Redlock, resource: &str, n: usize) {
+    for _ in 0..n {
+        let lock = rl.acquire(resource).await.expect("free");
+        rl.release(lock).await.expect("release");
+    }
 }
 
 /// Eight clients of one task each on one node take turns on a hot key for 3 s. A node sends a

@@ -124,6 +124,7 @@ fn apply(d: &mut NodeData, op: &Op, refuse: bool) -> Reply {
                     node: Arc::clone(&d.id),
                     stamp_us: d.stamp,
                 }),
+                heard: None,
             }
         }
         Op::Extend { keys, token, .. } => {
@@ -131,7 +132,10 @@ fn apply(d: &mut NodeData, op: &Op, refuse: bool) -> Reply {
                 .iter()
                 .all(|k| d.keys.get(k).map(String::as_str) == Some(token.expose()))
             {
-                Reply::Yes { claim: None }
+                Reply::Yes {
+                    claim: None,
+                    heard: None,
+                }
             } else {
                 Reply::No
             }
@@ -146,7 +150,10 @@ fn apply(d: &mut NodeData, op: &Op, refuse: bool) -> Reply {
                 }
             }
             if n > 0 {
-                Reply::Yes { claim: None }
+                Reply::Yes {
+                    claim: None,
+                    heard: None,
+                }
             } else {
                 Reply::No
             }

@@ -370,6 +370,16 @@ impl RedisNode {
                     Op::Acquire { stamped, .. } => self.acquired(live, stamped, n),
                     _ => Ok(Reply::counted(n)),
                 },
+                // A release: `{removed, heard}`.
+                redis::Value::Array(pair) => match pair.as_slice() {
+                    [redis::Value::Int(n), redis::Value::Int(heard)] => {
+                        Ok(Reply::released(*n, u32::try_from(*heard).ok()))
+                    }
+                    _ => Err(NodeError::new(
+                        NodeErrorKind::Server,
+                        "unexpected answer from the batch script: an array that is not {removed, heard}",
+                    )),
+                },
                 redis::Value::BulkString(bytes) => {
                     let text = String::from_utf8_lossy(&bytes);
                     Err(NodeError::new(

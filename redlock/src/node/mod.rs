@@ -535,7 +535,10 @@ impl RedisNode {
             .query_async(&mut conn)
             .await;
         match res {
-            Ok(Some(_)) => Ok(Reply::Yes { claim: None }),
+            Ok(Some(_)) => Ok(Reply::Yes {
+                claim: None,
+                heard: None,
+            }),
             Ok(None) => Ok(Reply::No),
             Err(e) => Err(self.failed(live, &e, token)),
         }
@@ -608,6 +611,7 @@ impl RedisNode {
                     node: Arc::clone(&live.id),
                     stamp_us: n.unsigned_abs(),
                 }),
+                heard: None,
             }),
             _ => Ok(Reply::No),
         }
@@ -652,7 +656,10 @@ impl RedisNode {
                     .query_async(&mut conn)
                     .await;
                 match set {
-                    Ok(Some(_)) => Ok(Reply::Yes { claim: None }),
+                    Ok(Some(_)) => Ok(Reply::Yes {
+                        claim: None,
+                        heard: None,
+                    }),
                     Ok(None) => Ok(Reply::No),
                     Err(e) => Err(self.failed(&live, &e, t)),
                 }
@@ -677,10 +684,35 @@ impl RedisNode {
                         cmd
                     }
                 };
-                let deleted: i64 = cmd
+                // With the delete, how many subscribers the wake-up will reach (best effort,
+                // like the wake-up: an error there does not fail the release).
+                let mut pipe = redis::pipe();
+                pipe.ignore_errors().add_command(cmd);
+                if let Some(channel) = channels.first() {
+                    pipe.cmd("PUBSUB").arg("NUMSUB").arg(&**channel);
+                }
+                let answers: Vec<redis::RedisResult<redis::Value>> = pipe
                     .query_async(&mut conn)
                     .await
                     .map_err(|e| self.failed(&live, &e, t))?;
+                let mut answers = answers.into_iter();
+                let deleted = match answers.next() {
+                    Some(Ok(redis::Value::Int(n))) => n,
+                    Some(Err(e)) => return Err(self.failed(&live, &e, t)),
+                    _ => {
+                        return Err(NodeError::new(
+                            NodeErrorKind::Server,
+                            "unexpected answer to the conditional delete",
+                        ));
+                    }
+                };
+                let heard = match answers.next() {
+                    Some(Ok(redis::Value::Array(pair))) => match pair.as_slice() {
+                        [_, redis::Value::Int(n)] => u32::try_from(*n).ok(),
+                        _ => None,
+                    },
+                    _ => None,
+                };
                 if deleted > 0
                     && let Some(channel) = channels.first()
                 {
@@ -699,7 +731,7 @@ impl RedisNode {
                         rt.spawn(call);
                     }
                 }
-                Ok(Reply::counted(deleted))
+                Ok(Reply::released(deleted, heard))
             }
             Op::Extend {
                 keys,
@@ -727,8 +759,9 @@ impl RedisNode {
                 args.push(t);
                 args.push(&wake);
                 args.extend(channels.iter().map(String::as_str));
-                let n: i64 = self.eval(&live, &scripts::RELEASE, &keys, &args, t).await?;
-                Ok(Reply::counted(n))
+                let (n, heard): (i64, i64) =
+                    self.eval(&live, &scripts::RELEASE, &keys, &args, t).await?;
+                Ok(Reply::released(n, u32::try_from(heard).ok()))
             }
         }
     }

@@ -304,7 +304,10 @@ impl SimNode {
                 ttl_ms,
             };
             return match self.send(&live, req).await? {
-                Resp::Bool(true) => Ok(Reply::Yes { claim: None }),
+                Resp::Bool(true) => Ok(Reply::Yes {
+                    claim: None,
+                    heard: None,
+                }),
                 Resp::Bool(false) => Ok(Reply::No),
                 other => Err(unexpected(&other)),
             };
@@ -341,6 +344,7 @@ impl SimNode {
                     node: Arc::clone(&live.id),
                     stamp_us: n.unsigned_abs(),
                 }),
+                heard: None,
             }),
             _ => Ok(Reply::No),
         }
@@ -387,8 +391,7 @@ impl SimNode {
             }
         };
         match n {
-            Resp::Int(n) if n > 0 => Ok(Reply::Yes { claim: None }),
-            Resp::Int(_) => Ok(Reply::No),
+            Resp::Int(n) => Ok(Reply::counted(n)),
             other => Err(unexpected(&other)),
         }
     }

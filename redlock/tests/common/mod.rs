@@ -95,22 +95,30 @@ where
 /// The attempts of every acquire made while `body` runs (`redlock_acquire_attempts`), sorted;
 /// only tasks on this thread are seen (a current-thread runtime).
 pub async fn attempts_during<F: std::future::Future<Output = ()>>(body: F) -> Vec<f64> {
+    let mut attempts = metric_during("redlock_acquire_attempts", body).await;
+    attempts.sort_by(f64::total_cmp);
+    attempts
+}
+
+/// What the metric `name` recorded while `body` ran: a histogram's values, or a counter's sum
+/// as one value (none when nothing counted it). Only tasks polled on this thread are seen.
+pub async fn metric_during<F: std::future::Future<Output = ()>>(name: &str, body: F) -> Vec<f64> {
     let recorder = metrics_util::debugging::DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let _guard = metrics::set_default_local_recorder(&recorder);
     body.await;
-    let mut attempts: Vec<f64> = snapshotter
+    snapshotter
         .snapshot()
         .into_vec()
         .into_iter()
-        .filter(|(key, _, _, _)| key.key().name() == "redlock_acquire_attempts")
+        .filter(|(key, _, _, _)| key.key().name() == name)
         .flat_map(|(_, _, _, value)| match value {
             metrics_util::debugging::DebugValue::Histogram(h) => {
                 h.into_iter().map(|x| x.into_inner()).collect()
             }
-            _ => Vec::new(),
+            #[allow(clippy::cast_precision_loss)]
+            metrics_util::debugging::DebugValue::Counter(n) => vec![n as f64],
+            metrics_util::debugging::DebugValue::Gauge(g) => vec![g.into_inner()],
         })
-        .collect();
-    attempts.sort_by(f64::total_cmp);
-    attempts
+        .collect()
 }
