@@ -356,8 +356,9 @@ impl<B: Backend> Core<B> {
                     match i.wait_for_local_holder(limit).await {
                         LocalHolder::Released { handed } => {
                             quick_retries = 3;
-                            if !handed {
-                                // Not a hand-off: staggered like every other client's waiters.
+                            if !handed && i.others_compete() {
+                                // Not a hand-off: staggered like every other client's waiters
+                                // (unless none listen).
                                 stagger(round_trip).await;
                             }
                         }
@@ -469,10 +470,12 @@ impl<B: Backend> Core<B> {
                         if woken {
                             quick_retries = 3;
                         }
-                        if woken && !handed {
+                        if woken && !handed && interest.as_ref().is_none_or(Interest::others_compete)
+                        {
                             // Every client's waiter hears the same release. Retrying all at once
                             // splits the nodes' votes so that nobody reaches a quorum; a random
-                            // stagger lets the first one win cleanly.
+                            // stagger lets the first one win cleanly. (A release of this client's
+                            // that no other client listened to has no other waiters to race.)
                             stagger(round_trip).await;
                         }
                     }

@@ -62,9 +62,11 @@ struct Channel {
     /// of every other client's waiter (they hear of the release later, and stagger), so it
     /// staggers too (see [`Interest::ahead_of_others`]).
     released_here: bool,
-    /// Whether another client may have heard this client's last release on the channel: some
-    /// node counted more subscribers receiving its wake-up than this client's own subscription
-    /// there, or no node said (see [`Waiters::release_heard`]).
+    /// Whether another client may have heard this client's latest release on the channel that
+    /// the nodes told of: some node counted more subscribers receiving its wake-up than this
+    /// client's own subscription there, or no node said (see [`Waiters::release_heard`]). Kept
+    /// until the next release's answers, so local waiters woken before those answers judge by
+    /// the previous release.
     others_heard: bool,
     /// The latest releases' wake-up ids already acted on (by a local release or the first
     /// node's message), oldest first: the other nodes' messages for them wake nobody.
@@ -277,6 +279,16 @@ impl Interest {
             .is_some_and(|c| c.released_here && c.others_heard)
     }
 
+    /// Whether other clients' waiters may be racing for the lock after the release just heard:
+    /// it was another client's, or this client's while other clients listened (see
+    /// [`Channel::others_heard`]). If not, a waiter woken by it has nobody to stagger against.
+    pub(crate) fn others_compete(&self) -> bool {
+        lock(&self.waiters.shared.state)
+            .channels
+            .get(&self.channel)
+            .is_none_or(|c| !c.released_here || c.others_heard)
+    }
+
     /// Local hand-offs on the channel so far: when it grew while a waiter slept, the wake-up was
     /// a release by this client meant for it, and it retries at once instead of after the
     /// stagger that keeps the waiters of several clients from splitting the nodes' votes.
@@ -355,8 +367,6 @@ impl Waiters {
             c.first(Some(wake));
             c.held_until = None;
             c.released_here = true;
-            // Until the nodes answer, assume another client heard it.
-            c.others_heard = true;
             if c.waiters > 0 {
                 if c.streak < LOCAL_STREAK {
                     c.streak += 1;

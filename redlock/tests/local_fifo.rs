@@ -443,6 +443,39 @@ async fn a_client_alone_on_a_once_contended_lock_does_not_stagger() {
     );
 }
 
+/// Every fifth release by a client with local waiters is open to every client's waiters
+/// (`LOCAL_STREAK`), and its own waiters then stagger like the others'. With no other client
+/// listening on the lock's channel, that stagger races nobody: four tasks of one client taking
+/// 60 turns draw none.
+#[tokio::test]
+async fn tasks_of_a_client_alone_on_a_lock_take_turns_without_staggers() {
+    const TURNS: usize = 60;
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = woken_only_client(&cluster);
+    let wins = Arc::new(Mutex::new(Vec::new()));
+    let staggers = common::metric_during("redlock_staggers_total", async {
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|c| tokio::spawn(take_turns(rl.clone(), "own", c, Arc::clone(&wins), TURNS)))
+            .collect();
+        for t in tasks {
+            tokio::time::timeout(Duration::from_secs(60), t)
+                .await
+                .expect("the turns end")
+                .unwrap();
+        }
+    })
+    .await;
+    let wins = wins.lock().unwrap().clone();
+    let winners: BTreeSet<usize> = wins.iter().copied().collect();
+    println!("{} turns won by {winners:?}; staggers {staggers:?}", wins.len());
+    assert_eq!(winners.len(), TASKS, "every task won turns");
+    assert!(
+        staggers.iter().sum::<f64>() == 0.0,
+        "tasks of a client alone on the lock staggered {staggers:?} times in {} turns",
+        wins.len()
+    );
+}
+
 /// `holder` takes `resource`, `waiter` waits for it (and so listens on its channel), `holder`
 /// releases, and `waiter` releases what it was handed.
 async fn wait_for_each_other(holder: &redlock::Redlock, waiter: &redlock::Redlock, resource: &str) {
