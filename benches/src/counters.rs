@@ -1,6 +1,6 @@
-//! A `metrics` recorder that keeps only the two series the hot-key scenario reports for this
-//! crate: `redlock_split_votes_total` (counter) and `redlock_acquire_attempts` (histogram:
-//! count of calls and sum of attempts). Every other series gets a no-op handle, so installing
+//! A `metrics` recorder that keeps only the series the hot-key scenario reports for this crate:
+//! `redlock_split_votes_total` and `redlock_staggers_total` (counters) and
+//! `redlock_acquire_attempts` (histogram: count of calls and sum of attempts). Every other series gets a no-op handle, so installing
 //! it costs this crate a name comparison per facade call and nothing more (a general-purpose
 //! recorder would add registry lookups to every measured operation of one implementation only).
 
@@ -12,6 +12,7 @@ use metrics::{
 };
 
 const SPLIT_VOTES: &str = "redlock_split_votes_total";
+const STAGGERS: &str = "redlock_staggers_total";
 const ACQUIRE_ATTEMPTS: &str = "redlock_acquire_attempts";
 
 #[derive(Debug, Default)]
@@ -29,6 +30,7 @@ impl HistogramFn for Attempts {
 }
 
 static SPLIT: LazyLock<Arc<AtomicU64>> = LazyLock::new(Arc::default);
+static STAGGER: LazyLock<Arc<AtomicU64>> = LazyLock::new(Arc::default);
 static ATTEMPTS: LazyLock<Arc<Attempts>> = LazyLock::new(Arc::default);
 
 #[derive(Debug)]
@@ -40,10 +42,10 @@ impl Recorder for BenchRecorder {
     fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
 
     fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        if key.name() == SPLIT_VOTES {
-            Counter::from_arc(Arc::clone(&SPLIT))
-        } else {
-            Counter::noop()
+        match key.name() {
+            SPLIT_VOTES => Counter::from_arc(Arc::clone(&SPLIT)),
+            STAGGERS => Counter::from_arc(Arc::clone(&STAGGER)),
+            _ => Counter::noop(),
         }
     }
 
@@ -69,6 +71,8 @@ pub(crate) fn install() {
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Snapshot {
     pub(crate) split_votes: u64,
+    /// Random pauses before an attempt (the stagger after a release).
+    pub(crate) staggers: u64,
     /// `acquire`/`try_acquire` calls that finished.
     pub(crate) acquire_calls: u64,
     /// Attempts those calls made.
@@ -79,6 +83,7 @@ impl Snapshot {
     pub(crate) fn now() -> Snapshot {
         Snapshot {
             split_votes: SPLIT.load(Ordering::Relaxed),
+            staggers: STAGGER.load(Ordering::Relaxed),
             acquire_calls: ATTEMPTS.calls.load(Ordering::Relaxed),
             acquire_attempts: ATTEMPTS.attempts.load(Ordering::Relaxed),
         }
@@ -88,6 +93,7 @@ impl Snapshot {
     pub(crate) fn since(self, earlier: Snapshot) -> Snapshot {
         Snapshot {
             split_votes: self.split_votes.saturating_sub(earlier.split_votes),
+            staggers: self.staggers.saturating_sub(earlier.staggers),
             acquire_calls: self.acquire_calls.saturating_sub(earlier.acquire_calls),
             acquire_attempts: self
                 .acquire_attempts

@@ -91,6 +91,8 @@ pub(crate) struct HotKeyResult {
     pub(crate) wins_per_contender: Vec<u64>,
     /// This crate only (`metrics` facade): `redlock_split_votes_total` over the run.
     pub(crate) split_votes: Option<u64>,
+    /// This crate only: `redlock_staggers_total` over the run.
+    pub(crate) staggers: Option<u64>,
     /// This crate only: `acquire` calls finished over the run (`redlock_acquire_attempts` count).
     pub(crate) acquire_calls: Option<u64>,
     /// This crate only: attempts those calls made (`redlock_acquire_attempts` sum).
@@ -415,24 +417,24 @@ impl Report {
         let _ = writeln!(
             md,
             "\n### Hot key: 8 contenders, 1 ms hold\n\n\
-             Split votes and attempts: this crate only (`redlock_split_votes_total`, \
-             `redlock_acquire_attempts` through the `metrics` facade).\n\n\
+             Split votes, staggers and attempts: this crate only (`redlock_split_votes_total`, \
+             `redlock_staggers_total`, `redlock_acquire_attempts` through the `metrics` facade).\n\n\
              Cut-off waits: still waiting 1 s after the window closed; counted in the wait \
              percentiles at the time waited so far (a lower bound).\n\n\
-             | N | impl | clients | hand-offs/s | wait p50 | wait p99 | wait max | cut-off waits | fewest wins of one contender | Jain | longest streak | split votes | attempts / acquire | errors |\n\
-             |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+             | N | impl | clients | hand-offs/s | wait p50 | wait p99 | wait max | cut-off waits | fewest wins of one contender | Jain | longest streak | split votes | staggers / acquire | attempts / acquire | errors |\n\
+             |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         );
         for r in &self.hot_key {
             match &r.result {
                 Some(h) => {
                     let opt = |v: Option<u64>| v.map_or("–".to_owned(), |v| v.to_string());
-                    let per_acquire = match (h.acquire_attempts, h.acquire_calls) {
+                    let per_acquire = |n: Option<u64>| match (n, h.acquire_calls) {
                         (Some(a), Some(c)) if c > 0 => format!("{:.2}", a as f64 / c as f64),
                         _ => "–".to_owned(),
                     };
                     let _ = writeln!(
                         md,
-                        "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {:.3} | {} | {} | {} | {} |",
+                        "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {:.3} | {} | {} | {} | {} | {} |",
                         r.n,
                         r.implementation.name(),
                         r.clients,
@@ -445,14 +447,15 @@ impl Report {
                         h.jain,
                         h.longest_streak,
                         opt(h.split_votes),
-                        per_acquire,
+                        per_acquire(h.staggers),
+                        per_acquire(h.acquire_attempts),
                         h.wait.errors
                     );
                 }
                 None => {
                     let _ = writeln!(
                         md,
-                        "| {} | {} | {} | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a |",
+                        "| {} | {} | {} | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a |",
                         r.n,
                         r.implementation.name(),
                         r.clients

@@ -354,6 +354,7 @@ pub(crate) async fn hot_key(
         wins_per_contender: per_contender,
         // Only this crate reports them (through the `metrics` facade).
         split_votes: (which == Impl::Redlock).then_some(counted.split_votes),
+        staggers: (which == Impl::Redlock).then_some(counted.staggers),
         acquire_calls: (which == Impl::Redlock).then_some(counted.acquire_calls),
         acquire_attempts: (which == Impl::Redlock).then_some(counted.acquire_attempts),
     })

@@ -467,7 +467,10 @@ async fn tasks_of_a_client_alone_on_a_lock_take_turns_without_staggers() {
     .await;
     let wins = wins.lock().unwrap().clone();
     let winners: BTreeSet<usize> = wins.iter().copied().collect();
-    println!("{} turns won by {winners:?}; staggers {staggers:?}", wins.len());
+    println!(
+        "{} turns won by {winners:?}; staggers {staggers:?}",
+        wins.len()
+    );
     assert_eq!(winners.len(), TASKS, "every task won turns");
     assert!(
         staggers.iter().sum::<f64>() == 0.0,
