@@ -381,8 +381,9 @@ impl Waiters {
 
     /// What the nodes told of this client's release on `channels`: per node, how many
     /// subscribers received its wake-ups there. A node that counted more than this client's own
-    /// confirmed subscriptions on it had another client listening. With no node telling (a
-    /// server-native delete, or a failed publish), another client is assumed to have heard.
+    /// confirmed subscriptions on it had another client listening. With no node telling (the
+    /// release deleted nothing, every publish failed, or the nodes are simulated), another
+    /// client is assumed to have heard.
     pub(crate) fn release_heard(&self, channels: &[String], heard: &[Option<u32>]) {
         let mut state = lock(&self.shared.state);
         let mut told = false;
