@@ -339,6 +339,16 @@ impl<B: Backend> Core<B> {
                 && waiters.subscribed(&channel)
             {
                 interest = Some(waiters.interest(&channel).await);
+            } else if let Some(waiters) = self.waiters.as_ref().filter(|_| !policy.single_attempt())
+                && waiters.heard_elsewhere(&channel)
+            {
+                // This client released the lock a moment ago while another client's waiter
+                // listened; it knew of that release first, and does not listen itself, so it
+                // would reach the nodes ahead of that waiter every time. It staggers like it.
+                let round_trip = Duration::from_micros(
+                    self.round_trip_us.load(std::sync::atomic::Ordering::Relaxed),
+                );
+                stagger(round_trip).await;
             }
             // Quick retries left after split votes, granted by a release notification (see
             // below); a split vote without a release before it is waited out like a refusal.

@@ -34,6 +34,13 @@ const IDLE: Duration = Duration::from_secs(30);
 /// clients' waiters keep; the next release is then open to everyone alike, so a client with many
 /// tasks cannot keep a hot lock to itself.
 pub(crate) const LOCAL_STREAK: u32 = 4;
+/// How long after a release another client listened to, on a channel this client does not
+/// listen on, this client's next acquire still staggers: other clients' waiters attempt within
+/// their stagger (at most two round trips, or 1 ms) of hearing the release, so past a second
+/// the release is long decided.
+const HEARD_ELSEWHERE_FOR: Duration = Duration::from_secs(1);
+/// Such releases remembered at most (older ones are dropped first).
+const HEARD_ELSEWHERE_MAX: usize = 1024;
 /// First pause before re-opening a broken subscription connection; doubled per failure.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// Longest pause between attempts to re-open a subscription connection.
@@ -105,6 +112,9 @@ struct State {
     /// Channels with interest: what every node's connection should be subscribed to.
     channels: HashMap<String, Channel>,
     nodes: Vec<NodeState>,
+    /// Channels this client does not listen on whose lock it released while another client
+    /// listened, and when (see [`Waiters::heard_elsewhere`]).
+    heard_elsewhere: HashMap<String, tokio::time::Instant>,
 }
 
 impl State {
@@ -317,6 +327,7 @@ impl Waiters {
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
                     channels: HashMap::default(),
+                    heard_elsewhere: HashMap::default(),
                     nodes: (0..n).map(|_| NodeState::default()).collect(),
                 }),
                 changed: Notify::new(),
@@ -399,11 +410,38 @@ impl Waiters {
                 .count();
             others |= usize::try_from(*heard).unwrap_or(usize::MAX) > ours;
         }
-        for c in channels {
-            if let Some(c) = state.channels.get_mut(c) {
+        let now = tokio::time::Instant::now();
+        for name in channels {
+            if let Some(c) = state.channels.get_mut(name) {
                 c.others_heard = others || !told;
+            } else if others {
+                // This client does not listen here, so it would not know others wait.
+                if state.heard_elsewhere.len() >= HEARD_ELSEWHERE_MAX {
+                    state
+                        .heard_elsewhere
+                        .retain(|_, at| now - *at <= HEARD_ELSEWHERE_FOR);
+                    if state.heard_elsewhere.len() >= HEARD_ELSEWHERE_MAX {
+                        state.heard_elsewhere.clear();
+                    }
+                }
+                state.heard_elsewhere.insert(name.clone(), now);
             }
         }
+    }
+
+    /// Whether this client, not listening on `channel`, released its lock within
+    /// [`HEARD_ELSEWHERE_FOR`] while another client listened: that client's waiter heard of the
+    /// release after this client did and staggers, so this client's own next attempt should
+    /// too. Answers once per such release.
+    pub(crate) fn heard_elsewhere(&self, channel: &str) -> bool {
+        let mut state = lock(&self.shared.state);
+        if state.heard_elsewhere.is_empty() {
+            return false;
+        }
+        state
+            .heard_elsewhere
+            .remove(channel)
+            .is_some_and(|at| at.elapsed() <= HEARD_ELSEWHERE_FOR)
     }
 
     /// Confirmations a channel needs so that every quorum includes a node that confirmed it.
@@ -581,7 +619,7 @@ impl NodeSub {
                     return Ended::Gone;
                 };
                 let mut state = lock(&shared.state);
-                let State { channels, nodes } = &mut *state;
+                let State { channels, nodes, .. } = &mut *state;
                 let node = &mut nodes[self.index];
                 let unsubscribe: Vec<String> = node
                     .subscribed

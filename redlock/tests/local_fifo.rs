@@ -443,6 +443,35 @@ async fn a_client_alone_on_a_once_contended_lock_does_not_stagger() {
     );
 }
 
+/// A client that never waited for a lock does not listen on its channel. When another client's
+/// waiter listens, it hears of the holder's release later than the holder itself, and staggers;
+/// the holder coming back for the lock must stagger too, or it wins the lock back every time.
+/// A holds, B waits; A releases and at once acquires again: that acquire draws a stagger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_waited_staggers_after_a_release_another_client_heard() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let (a, b) = (woken_only_client(&cluster), woken_only_client(&cluster));
+    let lock = a.acquire("never").await.expect("free");
+    let waiting = tokio::spawn(async move {
+        let lock = b.acquire("never").await.expect("handed over");
+        b.release(lock).await.expect("release");
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Only this thread's metrics are seen: A's calls, not B's task.
+    let staggers = common::metric_during("redlock_staggers_total", async {
+        a.release(lock).await.expect("release");
+        let lock = a.acquire("never").await.expect("acquire again");
+        a.release(lock).await.expect("release");
+    })
+    .await;
+    waiting.await.unwrap();
+    println!("staggers of the releasing client: {staggers:?}");
+    assert!(
+        staggers.iter().sum::<f64>() >= 1.0,
+        "a client that never waited re-acquired at once after a release another client heard"
+    );
+}
+
 /// Every fifth release by a client with local waiters is open to every client's waiters
 /// (`LOCAL_STREAK`), and its own waiters then stagger like the others'. With no other client
 /// listening on the lock's channel, that stagger races nobody: four tasks of one client taking
