@@ -39,7 +39,8 @@ pub(crate) const LOCAL_STREAK: u32 = 4;
 /// their stagger (at most two round trips, or 1 ms) of hearing the release, so past a second
 /// the release is long decided.
 const HEARD_ELSEWHERE_FOR: Duration = Duration::from_secs(1);
-/// Such releases remembered at most (older ones are dropped first).
+/// Such releases remembered at most: when full, the stale ones are dropped (all of them, if none
+/// is stale).
 const HEARD_ELSEWHERE_MAX: usize = 1024;
 /// First pause before re-opening a broken subscription connection; doubled per failure.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
@@ -619,7 +620,9 @@ impl NodeSub {
                     return Ended::Gone;
                 };
                 let mut state = lock(&shared.state);
-                let State { channels, nodes, .. } = &mut *state;
+                let State {
+                    channels, nodes, ..
+                } = &mut *state;
                 let node = &mut nodes[self.index];
                 let unsubscribe: Vec<String> = node
                     .subscribed
