@@ -684,15 +684,12 @@ impl RedisNode {
                         cmd
                     }
                 };
-                // The wake-up goes in the same round trip, right behind the delete, best effort
-                // as in the release script (an error on it does not fail the release); its
-                // answer says how many subscribers heard it. Unlike the script's, it is sent
-                // whether or not the delete found our key: a node whose key had already expired
-                // wakes its listeners once for nothing (they attempt, and wait again).
+                // With the delete, how many subscribers the wake-up will reach (best effort,
+                // like the wake-up: an error there does not fail the release).
                 let mut pipe = redis::pipe();
                 pipe.ignore_errors().add_command(cmd);
                 if let Some(channel) = channels.first() {
-                    pipe.cmd("PUBLISH").arg(&**channel).arg(wake.message());
+                    pipe.cmd("PUBSUB").arg("NUMSUB").arg(&**channel);
                 }
                 let answers: Vec<redis::RedisResult<redis::Value>> = pipe
                     .query_async(&mut conn)
@@ -710,9 +707,30 @@ impl RedisNode {
                     }
                 };
                 let heard = match answers.next() {
-                    Some(Ok(redis::Value::Int(n))) => u32::try_from(n).ok(),
+                    Some(Ok(redis::Value::Array(pair))) => match pair.as_slice() {
+                        [_, redis::Value::Int(n)] => u32::try_from(*n).ok(),
+                        _ => None,
+                    },
                     _ => None,
                 };
+                if deleted > 0
+                    && let Some(channel) = channels.first()
+                {
+                    // The wake-up follows the delete, best effort, as in the release script.
+                    let publish = redis::cmd("PUBLISH")
+                        .arg(&**channel)
+                        .arg(wake.message())
+                        .to_owned();
+                    let call = engine::handed_over(
+                        async move {
+                            let _: redis::RedisResult<i64> = publish.query_async(&mut conn).await;
+                        }
+                        .boxed(),
+                    );
+                    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                        rt.spawn(call);
+                    }
+                }
                 Ok(Reply::released(deleted, heard))
             }
             Op::Extend {
