@@ -20,7 +20,7 @@ use crate::lock::{self, Deadline, Lock, ReleaseReport};
 use crate::renewal::Renewer;
 use crate::telemetry;
 use crate::token::Token;
-use crate::waiters::{Interest, LocalHolder, Waiters};
+use crate::waiters::{Interest, LocalHolder, Standing, Waiters};
 
 /// A shared, immutable list of resource names or keys.
 type Names = Arc<[String]>;
@@ -335,20 +335,16 @@ impl<B: Backend> Core<B> {
             // subscribing, which cannot happen here).
             let mut interest: Option<Interest> = None;
             let channel = format!("{}{}", self.channel_prefix, resources[0]);
-            if let Some(waiters) = self.waiters.as_ref().filter(|_| !policy.single_attempt())
-                && waiters.subscribed(&channel)
-            {
-                interest = Some(waiters.interest(&channel).await);
-            } else if let Some(waiters) = self.waiters.as_ref().filter(|_| !policy.single_attempt())
-                && waiters.heard_elsewhere(&channel)
-            {
-                // This client released the lock a moment ago while another client's waiter
-                // listened; it knew of that release first, and does not listen itself, so it
-                // would reach the nodes ahead of that waiter every time. It staggers like it.
-                let round_trip = Duration::from_micros(
-                    self.round_trip_us.load(std::sync::atomic::Ordering::Relaxed),
-                );
-                stagger(round_trip).await;
+            if let Some(waiters) = self.waiters.as_ref().filter(|_| !policy.single_attempt()) {
+                match waiters.standing(&channel) {
+                    Standing::Listening => interest = Some(waiters.interest(&channel).await),
+                    // This client released the lock a moment ago while another client's waiter
+                    // listened; it knew of that release first, and does not listen itself, so
+                    // it would reach the nodes ahead of that waiter every time. It staggers
+                    // like it.
+                    Standing::HeardElsewhere => stagger(self.round_trip()).await,
+                    Standing::Neither => {}
+                }
             }
             // Quick retries left after split votes, granted by a release notification (see
             // below); a split vote without a release before it is waited out like a refusal.
@@ -360,9 +356,7 @@ impl<B: Backend> Core<B> {
                 if let Some(i) = interest.as_ref()
                     && let Some(limit) = self.local_wait_limit(policy, attempts, started, &channel)
                 {
-                    let round_trip = Duration::from_micros(
-                        self.round_trip_us.load(std::sync::atomic::Ordering::Relaxed),
-                    );
+                    let round_trip = self.round_trip();
                     match i.wait_for_local_holder(limit).await {
                         LocalHolder::Released { handed } => {
                             quick_retries = 3;
@@ -495,6 +489,14 @@ impl<B: Backend> Core<B> {
         }
         .instrument(span)
         .await
+    }
+
+    /// The last attempt's round trip, the scale of a stagger.
+    fn round_trip(&self) -> Duration {
+        Duration::from_micros(
+            self.round_trip_us
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// How long a waiter may wait for the release of a lock held by another task of this

@@ -142,6 +142,18 @@ struct NodeTask {
     handle: AbortHandle,
 }
 
+/// Where a client stands on a lock's channel before its first attempt (see
+/// [`Waiters::standing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Standing {
+    /// It listens: a refusal can wait for the release at once.
+    Listening,
+    /// It does not listen, and released the lock a moment ago while another client listened.
+    HeardElsewhere,
+    /// Neither.
+    Neither,
+}
+
 /// Subscriptions and local turn-taking for one client.
 pub(crate) struct Waiters {
     shared: Arc<Shared>,
@@ -430,19 +442,21 @@ impl Waiters {
         }
     }
 
-    /// Whether this client, not listening on `channel`, released its lock within
-    /// [`HEARD_ELSEWHERE_FOR`] while another client listened: that client's waiter heard of the
-    /// release after this client did and staggers, so this client's own next attempt should
-    /// too. Answers once per such release.
-    pub(crate) fn heard_elsewhere(&self, channel: &str) -> bool {
+    /// Where this client stands on `channel` before its first attempt, in one look at the
+    /// shared state: whether it listens there (see [`Waiters::subscribed`]), and if not,
+    /// whether it released the lock within [`HEARD_ELSEWHERE_FOR`] while another client
+    /// listened. That client's waiter heard of the release after this client did and
+    /// staggers, so this client's own next attempt should too; each such release is answered
+    /// once.
+    pub(crate) fn standing(&self, channel: &str) -> Standing {
         let mut state = lock(&self.shared.state);
-        if state.heard_elsewhere.is_empty() {
-            return false;
+        if self.listens(&state, channel) {
+            return Standing::Listening;
         }
-        state
-            .heard_elsewhere
-            .remove(channel)
-            .is_some_and(|at| at.elapsed() <= HEARD_ELSEWHERE_FOR)
+        match state.heard_elsewhere.remove(channel) {
+            Some(at) if at.elapsed() <= HEARD_ELSEWHERE_FOR => Standing::HeardElsewhere,
+            _ => Standing::Neither,
+        }
     }
 
     /// Confirmations a channel needs so that every quorum includes a node that confirmed it.
@@ -508,7 +522,10 @@ impl Waiters {
     /// Whether enough nodes confirmed a subscription to `channel` that a release cannot go
     /// unheard (a channel waited on recently keeps its subscription for a while).
     pub(crate) fn subscribed(&self, channel: &str) -> bool {
-        let state = lock(&self.shared.state);
+        self.listens(&lock(&self.shared.state), channel)
+    }
+
+    fn listens(&self, state: &State, channel: &str) -> bool {
         state.channels.contains_key(channel) && state.confirmed(channel) >= self.needed()
     }
 
