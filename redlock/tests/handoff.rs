@@ -241,10 +241,26 @@ async fn failed_attempts_do_not_wake_waiters_into_spending_their_retries() {
     let holder = client(&cluster);
     let lock = holder.acquire("one-node-free").await.expect("free");
     // Node 4 lost the key (as if it had been down when the lock was taken): every contender's
-    // attempt is granted there, and its cleanup deletes the grant again.
+    // attempt is granted there, and its cleanup deletes the grant again. The acquire returned
+    // at a quorum, so node 4's grant may still be on its way: deleting before it lands would
+    // delete nothing and leave the key to arrive afterwards.
+    let key = format!("{}lock:one-node-free", redlock::DEFAULT_KEY_PREFIX);
     let mut conn = cluster.node(4).connection().await.expect("node 4");
+    let granted = eventually(Duration::from_secs(5), || {
+        let (mut conn, key) = (conn.clone(), key.clone());
+        async move {
+            let n: u32 = redlock_testkit::redis::cmd("EXISTS")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .expect("EXISTS");
+            n == 1
+        }
+    })
+    .await;
+    assert!(granted, "node 4 never granted the holder's lock");
     let deleted: u32 = redlock_testkit::redis::cmd("DEL")
-        .arg(format!("{}lock:one-node-free", redlock::DEFAULT_KEY_PREFIX))
+        .arg(&key)
         .query_async(&mut conn)
         .await
         .expect("DEL");
