@@ -114,7 +114,7 @@ struct State {
     channels: HashMap<String, Channel>,
     nodes: Vec<NodeState>,
     /// Channels this client does not listen on whose lock it released while another client
-    /// listened, and when (see [`Waiters::heard_elsewhere`]).
+    /// listened, and when (see [`Waiters::standing`]).
     heard_elsewhere: HashMap<String, tokio::time::Instant>,
 }
 
