@@ -118,6 +118,85 @@ async fn one_failing_request_does_not_fail_its_batch() {
 }
 
 #[tokio::test(flavor = "current_thread")]
+/// A release that fails part-way on the node (its second key was turned into a hash after the
+/// lock was taken) answers its own error, in a batch that also holds other releases and
+/// acquires: every answer after it still belongs to its own request — each release succeeds,
+/// each acquire is granted with a stamp of its own.
+async fn a_release_failing_part_way_keeps_the_answers_after_it_in_line() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = client(cluster.urls(), Duration::from_secs(10));
+    let warm = rl.try_acquire("warm").await.unwrap();
+    rl.release(warm).await.unwrap();
+    let mut locks: Vec<_> = join_all((0..20).map(|i| rl.try_acquire_many([format!("h{i}")])))
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let pair = rl.try_acquire_many(["pair-a", "pair-b"]).await.unwrap();
+    // The acquire returns at a quorum: wait for every node's grant before replacing it.
+    let every_node_holds_it = || async {
+        let mut held = 0;
+        for i in 0..3 {
+            let mut c = cluster.node(i).connection().await.unwrap();
+            let n: u64 = redlock_testkit::redis::cmd("EXISTS")
+                .arg("redlock:lock:pair-b")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            held += n;
+        }
+        held == 3
+    };
+    assert!(common::eventually(Duration::from_secs(5), every_node_holds_it).await);
+    for i in 0..3 {
+        let mut c = cluster.node(i).connection().await.unwrap();
+        let () = redlock_testkit::redis::pipe()
+            .cmd("DEL")
+            .arg("redlock:lock:pair-b")
+            .ignore()
+            .cmd("HSET")
+            .arg("redlock:lock:pair-b")
+            .arg("f")
+            .arg("v")
+            .ignore()
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    locks.insert(10, pair);
+
+    let releases = join_all(locks.into_iter().map(|l| rl.release(l)));
+    let acquires = join_all((0..20).map(|i| rl.try_acquire_many([format!("n{i}")])));
+    let (released, acquired) = tokio::join!(releases, acquires);
+    for (i, result) in released.iter().enumerate() {
+        match (i, result) {
+            (10, Err(Error::QuorumUnreachable { nodes, .. })) => {
+                let wrongtype =
+                    |n: &&redlock::NodeReport| n.outcome.to_string().contains("WRONGTYPE");
+                assert!(nodes.iter().filter(wrongtype).count() >= 2, "{nodes:?}");
+            }
+            (10, other) => panic!("the release of the broken lock succeeded: {other:?}"),
+            (_, Ok(_)) => {}
+            (i, Err(e)) => panic!("release {i} failed beside a failing release: {e}"),
+        }
+    }
+    let acquired: Vec<_> = acquired
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .expect("every acquire beside the failing release is granted");
+    let claims: Vec<_> = acquired.iter().flat_map(|l| l.claims().to_vec()).collect();
+    let distinct: HashSet<(&str, u64)> = claims.iter().map(|c| (&*c.node, c.stamp_us)).collect();
+    assert_eq!(
+        distinct.len(),
+        claims.len(),
+        "two grants on one node shared a stamp"
+    );
+    for lock in acquired {
+        rl.release(lock).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
 /// Concurrent extensions are sent together and each re-arms only its own lock; one lock that a
 /// node no longer holds is refused there without affecting the others.
 async fn concurrent_extensions_rearm_each_lock() {

@@ -333,7 +333,10 @@ impl RedisNode {
         cmd.query_async(&mut conn).await
     }
 
-    /// What the batch script's answers mean, one per request.
+    /// What the batch script's answers mean, one per request. The script answers in one flat
+    /// array: one entry per request, except a release that ran, which answers two (`removed`,
+    /// then `heard`). Answers that do not line up with the requests are not trusted at all:
+    /// every request gets the error.
     fn answers(
         &self,
         live: &Live,
@@ -346,56 +349,56 @@ impl RedisNode {
             scrub(message, &tokens)
         };
         let every = |e: NodeError| ops.iter().map(|_| Err(e.clone())).collect();
-        let answers = match answers {
-            Ok(answers) if answers.len() == ops.len() => answers,
-            Ok(answers) => {
-                return every(NodeError::new(
-                    NodeErrorKind::Server,
-                    format!(
-                        "the batch script answered {} times for {} requests",
-                        answers.len(),
-                        ops.len()
-                    ),
-                ));
-            }
+        let entries = match answers {
+            Ok(entries) => entries,
             Err(e) => {
                 let e = self.failed(live, &e, "");
                 return every(NodeError::new(e.kind(), scrubbed(e.message())));
             }
         };
-        ops.iter()
-            .zip(answers)
-            .map(|(op, answer)| match answer {
-                redis::Value::Int(n) => match **op {
+        let total = entries.len();
+        let mut entries = entries.into_iter();
+        let mut out = Vec::with_capacity(ops.len());
+        for op in ops {
+            let answer = match entries.next() {
+                Some(redis::Value::Int(n)) => match **op {
                     Op::Acquire { stamped, .. } => self.acquired(live, stamped, n),
-                    _ => Ok(Reply::counted(n)),
+                    Op::Release { .. } => match entries.next() {
+                        Some(redis::Value::Int(heard)) => {
+                            Ok(Reply::released(n, u32::try_from(heard).ok()))
+                        }
+                        _ => break,
+                    },
+                    Op::Extend { .. } => Ok(Reply::counted(n)),
                 },
-                // A release: `{removed, heard}`.
-                redis::Value::Array(pair) => match pair.as_slice() {
-                    [redis::Value::Int(n), redis::Value::Int(heard)] => {
-                        Ok(Reply::released(*n, u32::try_from(*heard).ok()))
-                    }
-                    _ => Err(NodeError::new(
-                        NodeErrorKind::Server,
-                        "unexpected answer from the batch script: an array that is not {removed, heard}",
-                    )),
-                },
-                redis::Value::BulkString(bytes) => {
+                Some(redis::Value::BulkString(bytes)) => {
                     let text = String::from_utf8_lossy(&bytes);
                     Err(NodeError::new(
                         NodeErrorKind::Server,
                         scrubbed(text.strip_prefix('E').unwrap_or(&text)),
                     ))
                 }
-                other => Err(NodeError::new(
+                Some(other) => Err(NodeError::new(
                     NodeErrorKind::Server,
                     format!(
                         "unexpected answer from the batch script: {}",
                         kind_of(&other)
                     ),
                 )),
-            })
-            .collect()
+                None => break,
+            };
+            out.push(answer);
+        }
+        if out.len() < ops.len() || entries.next().is_some() {
+            return every(NodeError::new(
+                NodeErrorKind::Server,
+                format!(
+                    "the batch script's {total} answers do not line up with its {} requests",
+                    ops.len()
+                ),
+            ));
+        }
+        out
     }
 }
 
