@@ -34,6 +34,17 @@ async fn script_calls(cluster: &Cluster, i: usize) -> u64 {
     node.command_calls("evalsha").await + node.command_calls("eval").await
 }
 
+/// Every grant on a node carries a stamp of its own.
+fn assert_own_stamps(locks: &[redlock::Lock]) {
+    let claims: Vec<_> = locks.iter().flat_map(|l| l.claims().to_vec()).collect();
+    let distinct: HashSet<(&str, u64)> = claims.iter().map(|c| (&*c.node, c.stamp_us)).collect();
+    assert_eq!(
+        distinct.len(),
+        claims.len(),
+        "two grants on one node shared a stamp"
+    );
+}
+
 #[tokio::test(flavor = "current_thread")]
 /// 120 concurrent acquires and then 120 concurrent releases on distinct keys: every one is
 /// granted and released, every grant on a node carries its own stamp, and each node ran far
@@ -51,13 +62,7 @@ async fn concurrent_requests_share_script_calls_and_keep_their_own_answers() {
         .into_iter()
         .collect::<Result<_, _>>()
         .expect("every distinct key is granted");
-    let claims: Vec<_> = locks.iter().flat_map(|l| l.claims().to_vec()).collect();
-    let distinct: HashSet<(&str, u64)> = claims.iter().map(|c| (&*c.node, c.stamp_us)).collect();
-    assert_eq!(
-        distinct.len(),
-        claims.len(),
-        "two grants on one node shared a stamp"
-    );
+    assert_own_stamps(&locks);
     // Every node grants every key (the slowest one may answer after the decision).
     let all_granted = || async { common::lock_keys(&cluster).await.len() == 3 * LOCKS };
     assert!(common::eventually(Duration::from_secs(5), all_granted).await);
@@ -184,13 +189,7 @@ async fn a_release_failing_part_way_keeps_the_answers_after_it_in_line() {
         .into_iter()
         .collect::<Result<_, _>>()
         .expect("every acquire beside the failing release is granted");
-    let claims: Vec<_> = acquired.iter().flat_map(|l| l.claims().to_vec()).collect();
-    let distinct: HashSet<(&str, u64)> = claims.iter().map(|c| (&*c.node, c.stamp_us)).collect();
-    assert_eq!(
-        distinct.len(),
-        claims.len(),
-        "two grants on one node shared a stamp"
-    );
+    assert_own_stamps(&acquired);
     for lock in acquired {
         rl.release(lock).await.unwrap();
     }
