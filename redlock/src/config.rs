@@ -34,6 +34,11 @@ pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(100);
 /// Default jitter: the delay is drawn uniformly from `delay ± jitter/2`.
 pub const DEFAULT_RETRY_JITTER: Duration = Duration::from_millis(100);
 
+/// The clock-drift allowance: TTL·drift_factor + 2 ms.
+pub(crate) fn drift(ttl: Duration, drift_factor: f64) -> Duration {
+    ttl.mul_f64(drift_factor) + Duration::from_millis(2)
+}
+
 /// The TTL checks shared by `build()` and [`LockRequest`](crate::LockRequest): at least 1 ms,
 /// at most one year (Redis takes `PX` as a signed 64-bit count of ms; stay far from it), and
 /// above the drift allowance plus the minimum validity — plus, for a single lock, the node
@@ -53,7 +58,7 @@ pub(crate) fn check_ttl(
     if ttl > Duration::from_secs(365 * 24 * 3600) {
         return Err(ttl_err("must be at most one year".to_owned()));
     }
-    let drift = crate::engine::drift(ttl, drift_factor);
+    let drift = drift(ttl, drift_factor);
     if ttl <= node_timeout + drift + min_validity {
         let timeout = if node_timeout.is_zero() {
             String::new()

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use crate::backend::{Backend, Op, Reply};
 use crate::claim::Claim;
-use crate::config::Config;
+use crate::config::{Config, drift};
 use crate::error::{Error, NodeError, NodeOutcome, NodeReport, Phase as PhaseName, Retries};
 use crate::telemetry;
 
@@ -68,11 +68,6 @@ pub(crate) fn validity(ttl: Duration, elapsed: Duration, drift_factor: f64) -> O
         .checked_sub(drift(ttl, drift_factor))?
         .checked_sub(elapsed)?;
     (!left.is_zero()).then_some(left)
-}
-
-/// The clock-drift allowance: TTL·drift_factor + 2 ms.
-pub(crate) fn drift(ttl: Duration, drift_factor: f64) -> Duration {
-    ttl.mul_f64(drift_factor) + Duration::from_millis(2)
 }
 
 /// The error of a phase that missed its goal — one rule for acquire, extend and renewal. More
