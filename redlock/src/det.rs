@@ -1,6 +1,6 @@
 //! Everything in the client that would make two runs differ: randomness, hash-map order and
 //! `select!` tie-breaks. The default build uses the usual sources; with the `simulation`
-//! feature, a thread with a seed installed ([`crate::sim::seed_thread`]) draws from a seeded
+//! feature, a thread with a seed installed (`sim::seed_thread`) draws from a seeded
 //! generator instead, maps iterate in a fixed order and `select!` polls its branches in order,
 //! so the same seed gives the same history on a paused, single-threaded runtime.
 
