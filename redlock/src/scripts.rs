@@ -294,6 +294,8 @@ local function run(kind, k, n, a)
         end
       end
     end
+    -- Written only now, once every key was handled: nothing below may raise, so a release
+    -- that fails part-way answers one error entry and no partial pair.
     m = m + 1
     out[m] = done
     return heard

@@ -170,9 +170,20 @@ async fn a_release_failing_part_way_keeps_the_answers_after_it_in_line() {
     }
     locks.insert(10, pair);
 
+    // 41 requests per node, made before any answer is read: the first two go out alone, the
+    // rest (the broken release, 11th, among them) wait and go together.
+    let before: Vec<u64> = join_all((0..3).map(|i| script_calls(&cluster, i))).await;
     let releases = join_all(locks.into_iter().map(|l| rl.release(l)));
     let acquires = join_all((0..20).map(|i| rl.try_acquire_many([format!("n{i}")])));
     let (released, acquired) = tokio::join!(releases, acquires);
+    let after: Vec<u64> = join_all((0..3).map(|i| script_calls(&cluster, i))).await;
+    for i in 0..3 {
+        let calls = after[i] - before[i];
+        assert!(
+            calls <= 4,
+            "node {i} ran {calls} script calls for 41 requests: not batched"
+        );
+    }
     for (i, result) in released.iter().enumerate() {
         match (i, result) {
             (10, Err(Error::QuorumUnreachable { nodes, .. })) => {

@@ -42,7 +42,8 @@ async fn mutual_exclusion_keeps_a_plain_counter_exact() {
     let mut conn = (*counter_node).clone();
     let v: u64 = conn.get("plain-counter").await.unwrap();
     assert_eq!(v, (TASKS * ROUNDS) as u64);
-    assert!(lock_keys(&cluster).await.is_empty());
+    // A release returns at a quorum of deletes; the last node's may still be on its way.
+    assert!(no_lock_keys_within(&cluster, Duration::from_secs(2)).await);
 }
 
 async fn warm(rl: &redlock::Redlock) {
@@ -221,7 +222,8 @@ async fn reacquiring_with_the_same_token_succeeds_and_others_stay_busy() {
     let other = rl.try_acquire("idem").await.unwrap_err();
     assert!(other.is_busy(), "{other}");
     rl.release(again).await.unwrap();
-    assert!(lock_keys(&cluster).await.is_empty());
+    // A release returns at a quorum of deletes; the last node's may still be on its way.
+    assert!(no_lock_keys_within(&cluster, Duration::from_secs(2)).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
