@@ -140,17 +140,10 @@ async fn a_release_failing_part_way_keeps_the_answers_after_it_in_line() {
     let pair = rl.try_acquire_many(["pair-a", "pair-b"]).await.unwrap();
     // The acquire returns at a quorum: wait for every node's grant before replacing it.
     let every_node_holds_it = || async {
-        let mut held = 0;
-        for i in 0..3 {
-            let mut c = cluster.node(i).connection().await.unwrap();
-            let n: u64 = redlock_testkit::redis::cmd("EXISTS")
-                .arg("redlock:lock:pair-b")
-                .query_async(&mut c)
-                .await
-                .unwrap();
-            held += n;
-        }
-        held == 3
+        join_all((0..3).map(|i| common::get(&cluster, i, "redlock:lock:pair-b")))
+            .await
+            .iter()
+            .all(Option::is_some)
     };
     assert!(common::eventually(Duration::from_secs(5), every_node_holds_it).await);
     for i in 0..3 {

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::eventually;
+use common::{eventually, get};
 use redlock::{Redlock, RetryPolicy};
 use redlock_testkit::{Cluster, DataOnRestart};
 
@@ -246,16 +246,8 @@ async fn failed_attempts_do_not_wake_waiters_into_spending_their_retries() {
     // delete nothing and leave the key to arrive afterwards.
     let key = format!("{}lock:one-node-free", redlock::DEFAULT_KEY_PREFIX);
     let mut conn = cluster.node(4).connection().await.expect("node 4");
-    let granted = eventually(Duration::from_secs(5), || {
-        let (mut conn, key) = (conn.clone(), key.clone());
-        async move {
-            let n: u32 = redlock_testkit::redis::cmd("EXISTS")
-                .arg(&key)
-                .query_async(&mut conn)
-                .await
-                .expect("EXISTS");
-            n == 1
-        }
+    let granted = eventually(Duration::from_secs(5), || async {
+        get(&cluster, 4, &key).await.is_some()
     })
     .await;
     assert!(granted, "node 4 never granted the holder's lock");
