@@ -9,7 +9,6 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::{Backend, Op, Wake};
-use crate::claim::Claim;
 use crate::config::{Config, MAX_RESOURCES_PER_LOCK, RetryPolicy};
 use crate::engine::{self, Goal, Judge, Phase};
 use crate::error::{
@@ -273,7 +272,7 @@ impl<B: Backend> Core<B> {
             }
         };
         let granted = phase.keep();
-        let mut claims: Vec<Claim> = d.claims.into_iter().flatten().collect();
+        let mut claims = d.claims;
         claims.sort_by(|a, b| a.node.cmp(&b.node));
         Ok(Lock {
             resources: Arc::clone(resources),

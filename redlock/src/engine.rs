@@ -11,14 +11,15 @@
 //! dropped), every node that granted or whose outcome is unknown gets the cleanup request —
 //! immediately for nodes that already answered, and on arrival for late answers.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures_util::future::{self as future, BoxFuture, Either};
-use futures_util::stream::FuturesUnordered;
-use futures_util::{FutureExt, StreamExt};
-use tokio::sync::oneshot;
-use tokio::time::Instant;
+use futures_util::future::BoxFuture;
+use tokio::task::coop::Unconstrained;
+use tokio::time::{Instant, Sleep};
 
 use crate::backend::{Backend, Op, Reply};
 use crate::claim::Claim;
@@ -223,10 +224,10 @@ pub(crate) struct Decision {
     pub(crate) success: bool,
     /// Answers so far; nodes still in flight are `Pending`.
     pub(crate) outcomes: Vec<NodeOutcome>,
-    /// Claims of the nodes that granted (stamped acquires only).
-    pub(crate) claims: Vec<Option<Claim>>,
+    /// The claims of the nodes that granted so far (stamped acquires only), in node order.
+    pub(crate) claims: Vec<Claim>,
     /// Per node, how many subscribers heard a release's wake-up there (releases that deleted
-    /// something, on nodes that say).
+    /// something, on nodes that say); empty when no node said.
     pub(crate) heard: Vec<Option<u32>>,
     /// Nodes that counted towards the goal.
     pub(crate) positive: usize,
@@ -254,21 +255,52 @@ impl Decision {
 /// many subscribers heard a release's wake-up.
 type Extras = (Option<Claim>, Option<u32>);
 
+/// What the phase knows of one node.
+#[derive(Debug)]
+struct Slot {
+    outcome: NodeOutcome,
+    claim: Option<Claim>,
+    heard: Option<u32>,
+    /// The cleanup request was sent to it.
+    cleaned: bool,
+}
+
+/// A phase's answers, shared by its driver, its caller and (after [`Phase::keep`]) the lock.
 struct State {
-    outcomes: Vec<NodeOutcome>,
-    claims: Vec<Option<Claim>>,
-    heard: Vec<Option<u32>>,
+    slots: Vec<Slot>,
     positive: usize,
     pending: usize,
     needed: usize,
     goal: Goal,
-    tx: Option<oneshot::Sender<Decision>>,
+    /// The verdict was reached (at most once per phase).
+    decided: bool,
+    /// The decision, from the moment it is reached until the caller takes it.
+    decision: Option<Decision>,
     abandoned: bool,
-    cleaned: Vec<bool>,
 }
 
 impl State {
-    /// Records node `i`'s answer; sends the decision the first time it is known. Returns whether
+    fn new(goal: Goal, n: usize) -> Self {
+        Self {
+            slots: (0..n)
+                .map(|_| Slot {
+                    outcome: NodeOutcome::Pending,
+                    claim: None,
+                    heard: None,
+                    cleaned: false,
+                })
+                .collect(),
+            positive: 0,
+            pending: n,
+            needed: needed(goal, n),
+            goal,
+            decided: false,
+            decision: None,
+            abandoned: false,
+        }
+    }
+
+    /// Records node `i`'s answer; keeps the decision the first time it is known. Returns whether
     /// the node now needs the cleanup request (attempt abandoned and the node may hold our key).
     fn settle(&mut self, i: usize, outcome: NodeOutcome, (claim, heard): Extras) -> bool {
         let counts = match self.goal {
@@ -277,35 +309,44 @@ impl State {
         };
         self.positive += usize::from(counts);
         self.pending -= 1;
-        self.claims[i] = claim;
-        self.heard[i] = heard;
-        self.outcomes[i] = outcome;
-        if self.tx.is_some()
+        let slot = &mut self.slots[i];
+        slot.claim = claim;
+        slot.heard = heard;
+        slot.outcome = outcome;
+        if !self.decided
             && let Some(success) = verdict(self.positive, self.pending, self.needed)
         {
-            let decision = Decision {
-                success,
-                outcomes: self.outcomes.clone(),
-                claims: self.claims.clone(),
-                heard: self.heard.clone(),
-                positive: self.positive,
-                needed: self.needed,
-            };
-            if let Some(tx) = self.tx.take() {
-                // A closed receiver means the caller's future was dropped; its guard has
-                // then marked the phase abandoned, which the return value below handles.
-                let _ = tx.send(decision);
-            }
+            self.decided = true;
+            self.decision = Some(self.snapshot(success));
         }
         self.take_cleanup(i)
     }
 
+    /// The decision as of now.
+    fn snapshot(&self, success: bool) -> Decision {
+        let heard = if self.slots.iter().any(|s| s.heard.is_some()) {
+            self.slots.iter().map(|s| s.heard).collect()
+        } else {
+            Vec::new()
+        };
+        Decision {
+            success,
+            outcomes: self.slots.iter().map(|s| s.outcome.clone()).collect(),
+            claims: self.slots.iter().filter_map(|s| s.claim.clone()).collect(),
+            heard,
+            positive: self.positive,
+            needed: self.needed,
+        }
+    }
+
     fn take_cleanup(&mut self, i: usize) -> bool {
-        let due = self.abandoned
-            && !self.cleaned[i]
-            && !matches!(self.outcomes[i], NodeOutcome::Pending)
-            && self.outcomes[i].may_hold();
-        self.cleaned[i] |= due;
+        let abandoned = self.abandoned;
+        let slot = &mut self.slots[i];
+        let due = abandoned
+            && !slot.cleaned
+            && !matches!(slot.outcome, NodeOutcome::Pending)
+            && slot.outcome.may_hold();
+        slot.cleaned |= due;
         due
     }
 }
@@ -315,11 +356,10 @@ impl State {
 pub(crate) struct Phase<B: Backend> {
     backend: Arc<B>,
     state: Arc<Mutex<State>>,
-    rx: oneshot::Receiver<Decision>,
     cleanup: Option<Arc<Op>>,
     name: PhaseName,
     /// The driver, until it finished or was handed to a task of its own (see [`Drop`]).
-    driver: Option<BoxFuture<'static, ()>>,
+    driver: Option<Driver<B>>,
 }
 
 impl<B: Backend> std::fmt::Debug for Phase<B> {
@@ -342,42 +382,34 @@ impl<B: Backend> Phase<B> {
         cleanup: Option<Arc<Op>>,
     ) -> Self {
         let n = backend.len();
-        let (tx, rx) = oneshot::channel();
-        let state = Arc::new(Mutex::new(State {
-            outcomes: vec![NodeOutcome::Pending; n],
-            claims: vec![None; n],
-            heard: vec![None; n],
-            positive: 0,
-            pending: n,
-            needed: needed(goal, n),
-            goal,
-            tx: Some(tx),
-            abandoned: false,
-            cleaned: vec![false; n],
-        }));
+        let state = Arc::new(Mutex::new(State::new(goal, n)));
         // Hand the requests over here, in the caller's order; the driver only polls them.
         let now = Instant::now();
-        let budgets: Vec<Duration> = (0..n).map(|i| backend.budget(i)).collect();
-        let calls: FuturesUnordered<_> = (0..n)
+        let calls: Vec<Call> = (0..n)
             .map(|i| {
-                let call = handed_over(backend.call(i, Arc::clone(&op)));
-                Box::pin(async move { (i, call.await) }) as Tagged
+                let budget = backend.budget(i);
+                Call {
+                    request: Some(handed_over(backend.call(i, Arc::clone(&op)))),
+                    deadline: now + budget,
+                    budget,
+                    settled: false,
+                }
             })
             .collect();
-        let driver = drive(
-            Arc::clone(backend),
-            Arc::clone(&state),
+        let give_up = calls.iter().map(|c| c.deadline).max().unwrap_or(now) + DELIVERY_GRACE;
+        let first = calls.iter().map(|c| c.deadline).min().unwrap_or(give_up);
+        let driver = Driver {
+            backend: Arc::clone(backend),
+            state: Arc::clone(&state),
             calls,
-            now,
-            budgets,
-            cleanup.clone(),
-            name,
-        )
-        .boxed();
+            timer: Box::pin(tokio::time::sleep_until(first)),
+            give_up,
+            cleanup: cleanup.clone(),
+            phase: name,
+        };
         Self {
             backend: Arc::clone(backend),
             state,
-            rx,
             cleanup,
             name,
             driver: Some(driver),
@@ -389,35 +421,25 @@ impl<B: Backend> Phase<B> {
     /// Cancel safety: dropping this future (and the phase) abandons an acquire attempt; the
     /// driver goes on in a task of its own and releases whatever was granted.
     pub(crate) async fn decided(&mut self) -> Decision {
-        let received = match self.driver.as_mut() {
-            Some(driver) => match future::select(&mut self.rx, driver).await {
-                Either::Left((received, _)) => received.map_err(|_| ()),
-                // The driver sends the decision before it finishes: it is in the channel now.
-                // If it is not, it never will be; the state then speaks for itself below,
-                // rather than this waiting forever.
-                Either::Right(((), _)) => {
-                    self.driver = None;
-                    self.rx.try_recv().map_err(|_| ())
-                }
-            },
-            None => (&mut self.rx).await.map_err(|_| ()),
-        };
-        match received {
-            Ok(d) => d,
-            // No decision (the driver panicked, or ended without one): the phase failed, with
-            // what is known of each node, rather than hanging or panicking here.
-            Err(_) => {
-                let st = lock(&self.state);
-                Decision {
-                    success: false,
-                    outcomes: st.outcomes.clone(),
-                    claims: st.claims.clone(),
-                    heard: st.heard.clone(),
-                    positive: st.positive,
-                    needed: st.needed,
-                }
+        std::future::poll_fn(|cx| {
+            if let Some(driver) = self.driver.as_mut()
+                && Pin::new(driver).poll(cx).is_ready()
+            {
+                self.driver = None;
             }
-        }
+            let mut st = lock(&self.state);
+            if let Some(d) = st.decision.take() {
+                return Poll::Ready(d);
+            }
+            // The driver keeps the decision before it finishes: one that finished without
+            // (it panicked) never will. The phase failed then, with what is known of each
+            // node, rather than hanging or panicking here.
+            if self.driver.is_none() {
+                return Poll::Ready(st.snapshot(false));
+            }
+            Poll::Pending
+        })
+        .await
     }
 
     /// The attempt succeeded and the caller owns the result: late grants belong to the lock,
@@ -438,7 +460,7 @@ impl<B: Backend> Drop for Phase<B> {
             let targets: Vec<usize> = {
                 let mut st = lock(&self.state);
                 st.abandoned = true;
-                (0..st.outcomes.len())
+                (0..st.slots.len())
                     .filter(|&i| st.take_cleanup(i))
                     .collect()
             };
@@ -467,7 +489,11 @@ pub(crate) struct Granted(Arc<Mutex<State>>);
 impl Granted {
     /// Every claim received so far, sorted by node name.
     pub(crate) fn claims(&self) -> Vec<Claim> {
-        let mut claims: Vec<Claim> = lock(&self.0).claims.iter().flatten().cloned().collect();
+        let mut claims: Vec<Claim> = lock(&self.0)
+            .slots
+            .iter()
+            .filter_map(|s| s.claim.clone())
+            .collect();
         claims.sort_by(|a, b| a.node.cmp(&b.node));
         claims
     }
@@ -479,25 +505,51 @@ impl Granted {
 /// client for longer than the node timeout. Bounded so a hung node cannot pin memory for long.
 pub(crate) const DELIVERY_GRACE: Duration = Duration::from_secs(1);
 
+/// A request handed to its node's connection (see [`handed_over`]): its answer if it came at
+/// once, or the request, polled outside tokio's cooperative budget.
+pub(crate) enum Handed<T> {
+    Answered(Option<T>),
+    Waiting(Unconstrained<BoxFuture<'static, T>>),
+}
+
+impl<T> Handed<T> {
+    /// A request that is answered before it was sent (e.g. it could not be).
+    pub(crate) fn answered(answer: T) -> Self {
+        Self::Answered(Some(answer))
+    }
+}
+
+// Nothing in it is pinned: the answer is moved out, the request is boxed.
+impl<T> Unpin for Handed<T> {}
+
+impl<T> Future for Handed<T> {
+    type Output = T;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        match self.get_mut() {
+            Self::Answered(answer) => Poll::Ready(
+                answer
+                    .take()
+                    .expect("a handed-over request polled after its answer"),
+            ),
+            Self::Waiting(call) => Pin::new(call).poll(cx),
+        }
+    }
+}
+
 /// Polls a fresh request once, here in the caller's task, so that it is handed to the node's
 /// connection in program order: a release or cleanup issued after an acquire is queued behind
 /// it on every node, whatever order the driver later polls in. (Leaving the first poll to the
 /// driver let a later phase's request overtake an earlier one under load, and a release that
 /// overtakes its acquire leaves the key behind.) Exempt from tokio's cooperative budget so the
 /// poll cannot be refused for budget reasons.
-pub(crate) fn handed_over<T: Send + 'static>(call: BoxFuture<'static, T>) -> BoxFuture<'static, T> {
-    let mut call: BoxFuture<'static, T> = Box::pin(tokio::task::unconstrained(call));
-    match call
-        .as_mut()
-        .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
-    {
-        std::task::Poll::Ready(answer) => Box::pin(std::future::ready(answer)),
-        std::task::Poll::Pending => call,
+pub(crate) fn handed_over<T: Send + 'static>(call: BoxFuture<'static, T>) -> Handed<T> {
+    let mut call = tokio::task::coop::unconstrained(call);
+    match Pin::new(&mut call).poll(&mut Context::from_waker(std::task::Waker::noop())) {
+        Poll::Ready(answer) => Handed::answered(answer),
+        Poll::Pending => Handed::Waiting(call),
     }
 }
-
-/// A request tagged with its node.
-type Tagged = BoxFuture<'static, (usize, Result<Reply, NodeError>)>;
 
 /// Sends the cleanup request to node `i` in the background; it may wait up to
 /// [`DELIVERY_GRACE`] to be delivered.
@@ -516,87 +568,104 @@ fn send_cleanup<B: Backend>(backend: &Arc<B>, i: usize, op: Arc<Op>, phase: Phas
     });
 }
 
+/// One node's request, as the driver sees it.
+struct Call {
+    /// The request, until it answered or was given up on (its budget and the grace passed).
+    request: Option<Handed<Result<Reply, NodeError>>>,
+    /// When the node counts as timed out.
+    deadline: Instant,
+    budget: Duration,
+    /// Its outcome is recorded: an answer, or a timeout.
+    settled: bool,
+}
+
 /// Folds the answers into the state as they arrive. One timer per phase (not per node) marks
 /// nodes whose budget ran out as timed out; their requests keep being driven for
-/// [`DELIVERY_GRACE`] more, so that a request still queued in the client is written.
-async fn drive<B: Backend>(
+/// [`DELIVERY_GRACE`] more, so that a request still queued in the client is written. Finished
+/// when every request answered or the grace ran out. A handful of requests per phase, so each
+/// wake-up polls those still out rather than tracking which one woke it.
+struct Driver<B: Backend> {
     backend: Arc<B>,
     state: Arc<Mutex<State>>,
-    mut calls: FuturesUnordered<Tagged>,
-    started: Instant,
-    budgets: Vec<Duration>,
+    calls: Vec<Call>,
+    timer: Pin<Box<Sleep>>,
+    /// The grace after the last deadline.
+    give_up: Instant,
     cleanup: Option<Arc<Op>>,
     phase: PhaseName,
-) {
-    let deadlines: Vec<Instant> = budgets.iter().map(|b| started + *b).collect();
-    let give_up = deadlines.iter().max().copied().unwrap_or_else(Instant::now) + DELIVERY_GRACE;
-    let mut settled = vec![false; deadlines.len()];
-    let next_deadline = |settled: &[bool]| {
-        deadlines
-            .iter()
-            .zip(settled)
-            .filter(|(_, done)| !**done)
-            .map(|(d, _)| *d)
-            .min()
-            .unwrap_or(give_up)
-    };
-    let mut timer = Box::pin(tokio::time::sleep_until(next_deadline(&settled)));
-    loop {
-        let (i, outcome, extras) = match future::select(calls.next(), timer.as_mut()).await {
-            Either::Left((None, _)) => break,
-            Either::Left((Some((i, _)), _)) if settled[i] => continue, // a late answer
-            Either::Left((Some((i, answer)), _)) => match answer {
-                Ok(Reply::Yes { claim, heard }) => (i, NodeOutcome::Confirmed, (claim, heard)),
-                Ok(Reply::No) => (i, NodeOutcome::Refused, Extras::default()),
-                Err(e) => (i, NodeOutcome::Failed(e), Extras::default()),
-            },
-            Either::Right(((), _)) => {
-                // Nodes past their deadline are recorded before the driver may stop, even when
-                // it was not polled for longer than the grace (a stalled thread): a node left
-                // unrecorded would keep the decision from ever being made.
-                let now = Instant::now();
-                for i in 0..settled.len() {
-                    if !settled[i] && deadlines[i] <= now {
-                        settled[i] = true;
-                        record(
-                            &backend,
-                            &state,
-                            &cleanup,
-                            phase,
-                            i,
-                            NodeOutcome::TimedOut { after: budgets[i] },
-                            Extras::default(),
-                        );
-                    }
-                }
-                if now >= give_up {
-                    break;
-                }
-                timer.as_mut().reset(next_deadline(&settled));
-                continue;
-            }
-        };
-        settled[i] = true;
-        record(&backend, &state, &cleanup, phase, i, outcome, extras);
-        if settled.iter().all(|s| *s) {
-            timer.as_mut().reset(give_up);
+}
+
+impl<B: Backend> Driver<B> {
+    fn record(&mut self, i: usize, outcome: NodeOutcome, extras: Extras) {
+        self.calls[i].settled = true;
+        telemetry::node_outcome(self.backend.name(i), self.phase, &outcome);
+        let needs_cleanup = lock(&self.state).settle(i, outcome, extras);
+        if let (true, Some(op)) = (needs_cleanup, &self.cleanup) {
+            send_cleanup(&self.backend, i, Arc::clone(op), self.phase);
         }
+    }
+
+    /// The earliest deadline of a node still unsettled; the grace's end once all are.
+    fn next_deadline(&self) -> Instant {
+        self.calls
+            .iter()
+            .filter(|c| !c.settled)
+            .map(|c| c.deadline)
+            .min()
+            .unwrap_or(self.give_up)
     }
 }
 
-fn record<B: Backend>(
-    backend: &Arc<B>,
-    state: &Mutex<State>,
-    cleanup: &Option<Arc<Op>>,
-    phase: PhaseName,
-    i: usize,
-    outcome: NodeOutcome,
-    extras: Extras,
-) {
-    telemetry::node_outcome(backend.name(i), phase, &outcome);
-    let needs_cleanup = lock(state).settle(i, outcome, extras);
-    if let (true, Some(op)) = (needs_cleanup, cleanup) {
-        send_cleanup(backend, i, Arc::clone(op), phase);
+impl<B: Backend> Future for Driver<B> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        let mut out = 0;
+        for i in 0..this.calls.len() {
+            let Some(request) = this.calls[i].request.as_mut() else {
+                continue;
+            };
+            let Poll::Ready(answer) = Pin::new(request).poll(cx) else {
+                out += 1;
+                continue;
+            };
+            this.calls[i].request = None;
+            if this.calls[i].settled {
+                continue; // a late answer, after its node was recorded as timed out
+            }
+            let (outcome, extras) = match answer {
+                Ok(Reply::Yes { claim, heard }) => (NodeOutcome::Confirmed, (claim, heard)),
+                Ok(Reply::No) => (NodeOutcome::Refused, Extras::default()),
+                Err(e) => (NodeOutcome::Failed(e), Extras::default()),
+            };
+            this.record(i, outcome, extras);
+        }
+        if out == 0 {
+            return Poll::Ready(());
+        }
+        loop {
+            let next = this.next_deadline();
+            if this.timer.deadline() != next {
+                this.timer.as_mut().reset(next);
+            }
+            if this.timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            // Nodes past their deadline are recorded before the driver may stop, even when it
+            // was not polled for longer than the grace (a stalled thread): a node left
+            // unrecorded would keep the decision from ever being made.
+            let now = Instant::now();
+            for i in 0..this.calls.len() {
+                if !this.calls[i].settled && this.calls[i].deadline <= now {
+                    let after = this.calls[i].budget;
+                    this.record(i, NodeOutcome::TimedOut { after }, Extras::default());
+                }
+            }
+            if now >= this.give_up {
+                return Poll::Ready(()); // what is still out is given up on
+            }
+        }
     }
 }
 

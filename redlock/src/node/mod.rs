@@ -279,7 +279,7 @@ impl RedisNode {
                 }
                 let call = match conn {
                     Ok(live) => engine::handed_over(request(live)),
-                    Err(e) => future::ready(Err(e)).boxed(),
+                    Err(e) => engine::Handed::answered(Err(e)),
                 };
                 let _ = tx.send(call);
             }));

@@ -136,7 +136,7 @@ impl SimNode {
                 }
                 let call = match conn {
                     Ok(live) => engine::handed_over(request(live)),
-                    Err(e) => future::ready(Err(e)).boxed(),
+                    Err(e) => engine::Handed::answered(Err(e)),
                 };
                 let _ = tx.send(call);
             }));
