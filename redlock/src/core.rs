@@ -210,11 +210,11 @@ impl<B: Backend> Core<B> {
                 return Err(ResourceError::Duplicate { index });
             }
         }
-        let keys: Vec<String> = resources
+        let keys: Names = resources
             .iter()
             .map(|r| format!("{}{r}", self.lock_prefix))
             .collect();
-        Ok((resources.into(), keys.into()))
+        Ok((resources.into(), keys))
     }
 
     /// One acquisition attempt.
@@ -323,7 +323,10 @@ impl<B: Backend> Core<B> {
             let mut last_attempt = false;
             if let Some(waiters) = self.waiters.as_ref().filter(|_| !policy.single_attempt()) {
                 let limit = policy.wait_limit(self.config.node_timeout);
-                _turn = waiters.turn(&keys.join("\n"), limit).await;
+                _turn = match &keys[..] {
+                    [key] => waiters.turn(key, limit).await,
+                    keys => waiters.turn(&keys.join("\n"), limit).await,
+                };
                 // Queued for the whole limit: one attempt, then give up.
                 last_attempt = _turn.is_none();
             }

@@ -63,16 +63,23 @@ pub(crate) fn cleanup(
     metrics::counter!("redlock_cleanup_total", "outcome" => outcome).increment(1);
 }
 
+/// Label values are written out as literals, here and in the other per-lock calls, so that each
+/// metric's key is static: the `metrics` macros build (allocate) a key on every call otherwise.
 pub(crate) fn acquire_done(result: &Result<(), &Error>, attempts: u32, took: Duration) {
-    let outcome = match result {
-        Ok(()) => "acquired",
-        Err(Error::Busy { .. }) => "busy",
-        Err(Error::QuorumUnreachable { .. }) => "unreachable",
-        Err(Error::ValidityExhausted { .. }) => "exhausted",
-        Err(_) => "error",
-    };
-    metrics::counter!("redlock_acquire_total", "outcome" => outcome).increment(1);
-    metrics::histogram!("redlock_acquire_seconds", "outcome" => outcome).record(took.as_secs_f64());
+    let secs = took.as_secs_f64();
+    macro_rules! done {
+        ($outcome:literal) => {{
+            metrics::counter!("redlock_acquire_total", "outcome" => $outcome).increment(1);
+            metrics::histogram!("redlock_acquire_seconds", "outcome" => $outcome).record(secs);
+        }};
+    }
+    match result {
+        Ok(()) => done!("acquired"),
+        Err(Error::Busy { .. }) => done!("busy"),
+        Err(Error::QuorumUnreachable { .. }) => done!("unreachable"),
+        Err(Error::ValidityExhausted { .. }) => done!("exhausted"),
+        Err(_) => done!("error"),
+    }
     metrics::histogram!("redlock_acquire_attempts").record(f64::from(attempts));
 }
 
@@ -91,13 +98,19 @@ pub(crate) fn contention() {
 }
 
 pub(crate) fn extend_done(ok: bool) {
-    metrics::counter!("redlock_extend_total", "outcome" => if ok { "extended" } else { "failed" })
-        .increment(1);
+    if ok {
+        metrics::counter!("redlock_extend_total", "outcome" => "extended").increment(1);
+    } else {
+        metrics::counter!("redlock_extend_total", "outcome" => "failed").increment(1);
+    }
 }
 
 pub(crate) fn release_done(ok: bool) {
-    metrics::counter!("redlock_release_total", "outcome" => if ok { "released" } else { "failed" })
-        .increment(1);
+    if ok {
+        metrics::counter!("redlock_release_total", "outcome" => "released").increment(1);
+    } else {
+        metrics::counter!("redlock_release_total", "outcome" => "failed").increment(1);
+    }
 }
 
 /// A guard was made.

@@ -31,12 +31,13 @@ impl Token {
     pub fn random() -> Result<Self, EntropyError> {
         let mut bytes = [0u8; TOKEN_BYTES];
         crate::det::fill(&mut bytes).map_err(|e| EntropyError::new(&e))?;
-        let mut hex = String::with_capacity(TOKEN_BYTES * 2);
-        for b in bytes {
-            hex.push(char::from(HEX[usize::from(b >> 4)]));
-            hex.push(char::from(HEX[usize::from(b & 0x0f)]));
+        let mut hex = [0u8; TOKEN_BYTES * 2];
+        for (pair, b) in hex.chunks_exact_mut(2).zip(bytes) {
+            pair[0] = HEX[usize::from(b >> 4)];
+            pair[1] = HEX[usize::from(b & 0x0f)];
         }
-        Ok(Self(hex.into()))
+        // Hex digits are ASCII: the lossy conversion borrows and never replaces anything.
+        Ok(Self(Arc::from(&*String::from_utf8_lossy(&hex))))
     }
 
     /// Wraps a token that was previously obtained from [`Token::expose`].

@@ -182,13 +182,14 @@ impl Drop for Waiters {
 
 /// The FIFO queues of a client's acquirers, by set of resources; each entry lives as long as
 /// someone is queued on it.
-type TurnMap = Mutex<HashMap<String, Weak<Queue>>>;
+type TurnMap = Mutex<HashMap<Arc<str>, Weak<tokio::sync::Mutex<Queue>>>>;
 
-/// The FIFO queue of one client's acquirers of one set of resources.
+/// The FIFO queue of one client's acquirers of one set of resources: the turns are the locks of
+/// a tokio mutex, which queues its lockers in arrival order. Leaves the map with its last
+/// handle.
 struct Queue {
-    key: String,
+    key: Arc<str>,
     turns: Weak<TurnMap>,
-    order: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Drop for Queue {
@@ -207,8 +208,7 @@ impl Drop for Queue {
 /// A turn in the FIFO queue of one set of resources: the next acquirer's turn starts when it is
 /// dropped.
 pub(crate) struct Turn {
-    _held: tokio::sync::OwnedMutexGuard<()>,
-    _queue: Arc<Queue>,
+    _held: tokio::sync::OwnedMutexGuard<Queue>,
 }
 
 /// A waiter's registration. The subscription outlives it: a hot key's waiters come and go far
@@ -362,24 +362,18 @@ impl Waiters {
             match turns.get(key).and_then(Weak::upgrade) {
                 Some(q) => q,
                 None => {
-                    let q = Arc::new(Queue {
-                        key: key.to_owned(),
+                    let key: Arc<str> = Arc::from(key);
+                    let q = Arc::new(tokio::sync::Mutex::new(Queue {
+                        key: Arc::clone(&key),
                         turns: Arc::downgrade(&self.turns),
-                        order: Arc::new(tokio::sync::Mutex::new(())),
-                    });
-                    turns.insert(key.to_owned(), Arc::downgrade(&q));
+                    }));
+                    turns.insert(key, Arc::downgrade(&q));
                     q
                 }
             }
         };
-        // tokio's mutex queues its lockers in arrival order.
-        let held = tokio::time::timeout(limit, Arc::clone(&queue.order).lock_owned())
-            .await
-            .ok()?;
-        Some(Turn {
-            _held: held,
-            _queue: queue,
-        })
+        let held = tokio::time::timeout(limit, queue.lock_owned()).await.ok()?;
+        Some(Turn { _held: held })
     }
 
     /// Wakes local waiters on `channel` at once (a release by this client, whose nodes will
