@@ -71,12 +71,20 @@ pub(crate) struct Core<B> {
 /// A random pause of up to two round trips (or [`STAGGER_MIN`], whichever is longer), taken by
 /// a waiter woken by a release that was not handed to it: every client's waiter hears the same
 /// release, and staggering their attempts lets the first one win cleanly instead of all of them
-/// splitting the nodes' votes.
-async fn stagger(round_trip: Duration) {
+/// splitting the nodes' votes. A client that won more than its fair share of the recent races
+/// (`lead`, see `Interest::lead`) waits [`LEAD_WEIGHT`] ranges per share more.
+async fn stagger(round_trip: Duration, lead: f64) {
     telemetry::stagger();
     let unit: f64 = crate::det::unit();
-    crate::timer::sleep((round_trip * 2).max(STAGGER_MIN).mul_f64(unit)).await;
+    let range = (round_trip * 2).max(STAGGER_MIN);
+    crate::timer::sleep(range.mul_f64(unit + LEAD_WEIGHT * lead)).await;
 }
+
+/// Stagger ranges added per share of the races won beyond a fair one: a client that won a
+/// quarter of eight clients' races (twice its share) waits one range more. Strong enough to
+/// undo the head start of the clients that hear releases first (test
+/// `clients_that_hear_releases_later_still_get_their_share`), bounded by eight ranges.
+const LEAD_WEIGHT: f64 = 8.0;
 
 /// The least range of the stagger. A node sends a release's message to its subscribers one
 /// after another in the order they subscribed, so the same clients hear every release first;
@@ -344,13 +352,16 @@ impl<B: Backend> Core<B> {
                     // listened; it knew of that release first, and does not listen itself, so
                     // it would reach the nodes ahead of that waiter every time. It staggers
                     // like it.
-                    Standing::HeardElsewhere => stagger(self.round_trip()).await,
+                    Standing::HeardElsewhere => stagger(self.round_trip(), 0.0).await,
                     Standing::Neither => {}
                 }
             }
             // Quick retries left after split votes, granted by a release notification (see
             // below); a split vote without a release before it is waited out like a refusal.
             let mut quick_retries = 0u32;
+            // The next attempt follows a stagger: a race against other clients' waiters, whose
+            // result counts towards this client's share (see `Interest::lead`).
+            let mut racing = false;
             loop {
                 // While another task of this client holds the lock, wait for its release rather
                 // than make an attempt that can only be refused (bounded like the pause after
@@ -365,7 +376,8 @@ impl<B: Backend> Core<B> {
                             if !handed && i.others_compete() {
                                 // Not a hand-off: staggered like every other client's waiters
                                 // (unless none listen).
-                                stagger(round_trip).await;
+                                stagger(round_trip, i.lead()).await;
+                                racing = true;
                             }
                         }
                         // The last release heard on the channel was this client's, and other
@@ -376,7 +388,8 @@ impl<B: Backend> Core<B> {
                         LocalHolder::NotHeld
                             if attempts == 0 && i.ahead_of_others() =>
                         {
-                            stagger(round_trip).await;
+                            stagger(round_trip, i.lead()).await;
+                            racing = true;
                         }
                         LocalHolder::NotHeld => {}
                     }
@@ -397,6 +410,16 @@ impl<B: Backend> Core<B> {
                 let attempt_started = Instant::now();
                 let result = self.attempt(&resources, &keys, token, fixed, terms).await;
                 let round_trip = attempt_started.elapsed();
+                if std::mem::take(&mut racing)
+                    && let Some(i) = interest.as_ref()
+                {
+                    match &result {
+                        Ok(_) => i.raced(true),
+                        Err(e) if e.is_busy() => i.raced(false),
+                        // Nodes failed: nobody may have won this race.
+                        Err(_) => {}
+                    }
+                }
                 self.round_trip_us.store(
                     u64::try_from(round_trip.as_micros()).unwrap_or(u64::MAX),
                     std::sync::atomic::Ordering::Relaxed,
@@ -482,7 +505,9 @@ impl<B: Backend> Core<B> {
                             // splits the nodes' votes so that nobody reaches a quorum; a random
                             // stagger lets the first one win cleanly. (A release of this client's
                             // that no other client listened to has no other waiters to race.)
-                            stagger(round_trip).await;
+                            stagger(round_trip, interest.as_ref().map_or(0.0, Interest::lead))
+                                .await;
+                            racing = true;
                         }
                     }
                     _ => tokio::time::sleep(pause).await,

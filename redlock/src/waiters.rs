@@ -46,6 +46,9 @@ const HEARD_ELSEWHERE_MAX: usize = 1024;
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// Longest pause between attempts to re-open a subscription connection.
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// The weight of the latest race in a channel's [`Channel::won_share`]: the average spans about
+/// the last 1 / `RACE_WEIGHT` races.
+const RACE_WEIGHT: f64 = 0.1;
 /// Wake-up ids a channel remembers: a release's messages from its N nodes arrive within a few
 /// round trips of each other, so only the last few releases can still have messages on the way.
 const RECENT: usize = 8;
@@ -79,6 +82,13 @@ struct Channel {
     /// The latest releases' wake-up ids already acted on (by a local release or the first
     /// node's message), oldest first: the other nodes' messages for them wake nobody.
     recent: std::collections::VecDeque<Wake>,
+    /// The share of its recent races for the lock (attempts after a stagger, against other
+    /// clients' waiters) that this client won: a moving average, each race weighing
+    /// [`RACE_WEIGHT`] (see [`Interest::lead`]).
+    won_share: f64,
+    /// Clients that heard this client's latest release that the nodes told of, itself
+    /// included: the number of contenders a fair share is counted among.
+    contenders: u32,
 }
 
 impl Channel {
@@ -312,6 +322,32 @@ impl Interest {
             .is_none_or(|c| !c.released_here || c.others_heard)
     }
 
+    /// Records the result of a race for the lock: an attempt made after a stagger, against
+    /// other clients' waiters woken by the same release.
+    pub(crate) fn raced(&self, won: bool) {
+        if let Some(c) = lock(&self.waiters.shared.state)
+            .channels
+            .get_mut(&self.channel)
+        {
+            c.won_share = c.won_share * (1.0 - RACE_WEIGHT) + if won { RACE_WEIGHT } else { 0.0 };
+        }
+    }
+
+    /// How much more than its fair share of the recent races this client won (0 when not
+    /// more), which lengthens its next stagger. A node sends a release's message to its
+    /// subscribers one after another, always in the same order, and a busy client process
+    /// wakes its waiters late: the clients that hear first win more than their share however
+    /// the stagger is drawn. Holding back the clients that win more than their share lets the
+    /// others catch up, and costs nothing while the races are shared fairly.
+    pub(crate) fn lead(&self) -> f64 {
+        lock(&self.waiters.shared.state)
+            .channels
+            .get(&self.channel)
+            .map_or(0.0, |c| {
+                (c.won_share - 1.0 / f64::from(c.contenders.max(1))).max(0.0)
+            })
+    }
+
     /// Local hand-offs on the channel so far: when it grew while a waiter slept, the wake-up was
     /// a release by this client meant for it, and it retries at once instead of after the
     /// stagger that keeps the waiters of several clients from splitting the nodes' votes.
@@ -405,7 +441,8 @@ impl Waiters {
     pub(crate) fn release_heard(&self, channels: &[String], heard: &[Option<u32>]) {
         let mut state = lock(&self.shared.state);
         let mut told = false;
-        let mut others = false;
+        // The most other clients' subscriptions any node counted.
+        let mut others = 0usize;
         for (i, heard) in heard.iter().enumerate() {
             let (Some(heard), Some(node)) = (heard, state.nodes.get(i)) else {
                 continue;
@@ -415,13 +452,21 @@ impl Waiters {
                 .iter()
                 .filter(|c| node.subscribed.contains(*c))
                 .count();
-            others |= usize::try_from(*heard).unwrap_or(usize::MAX) > ours;
+            others = others.max(
+                usize::try_from(*heard)
+                    .unwrap_or(usize::MAX)
+                    .saturating_sub(ours),
+            );
         }
         let now = tokio::time::Instant::now();
+        let others_listen = others > 0;
         for name in channels {
             if let Some(c) = state.channels.get_mut(name) {
-                c.others_heard = others || !told;
-            } else if others {
+                c.others_heard = others_listen || !told;
+                if told {
+                    c.contenders = u32::try_from(others).unwrap_or(u32::MAX).saturating_add(1);
+                }
+            } else if others_listen {
                 // This client does not listen here, so it would not know others wait.
                 if state.heard_elsewhere.len() >= HEARD_ELSEWHERE_MAX {
                     state
@@ -484,6 +529,8 @@ impl Waiters {
                     held_until: None,
                     released_here: false,
                     others_heard: true,
+                    won_share: 0.0,
+                    contenders: 1,
                 }
             });
             c.waiters += 1;
@@ -852,5 +899,32 @@ mod tests {
         w.notify_local("c", Wake::random());
         let again = w.interest("c").await;
         assert_eq!(again.handoffs(), 2 * streak);
+    }
+
+    #[tokio::test]
+    async fn a_client_winning_more_than_its_share_of_races_is_held_back() {
+        let w = waiters();
+        let interest = w.interest("c").await;
+        // Nothing known of other clients yet, and no race won: no lead.
+        assert!(interest.lead() == 0.0);
+        // The node counted four subscribers besides this client's own (unconfirmed here).
+        w.release_heard(&["c".to_owned()], &[Some(4)]);
+        assert_eq!(lock(&w.shared.state).channels["c"].contenders, 5);
+        for _ in 0..60 {
+            interest.raced(true);
+        }
+        let lead = interest.lead();
+        assert!((0.75..0.8).contains(&lead), "won nearly all races of five: {lead}");
+        // Winning one race in five (a fair share) brings the lead back to about nothing.
+        for r in 0..100 {
+            interest.raced(r % 5 == 0);
+        }
+        let lead = interest.lead();
+        assert!(lead < 0.1, "a fair share: {lead}");
+        // Losing every race: none.
+        for _ in 0..60 {
+            interest.raced(false);
+        }
+        assert!(interest.lead() == 0.0);
     }
 }
