@@ -914,7 +914,10 @@ mod tests {
             interest.raced(true);
         }
         let lead = interest.lead();
-        assert!((0.75..0.8).contains(&lead), "won nearly all races of five: {lead}");
+        assert!(
+            (0.75..0.8).contains(&lead),
+            "won nearly all races of five: {lead}"
+        );
         // Winning one race in five (a fair share) brings the lead back to about nothing.
         for r in 0..100 {
             interest.raced(r % 5 == 0);
