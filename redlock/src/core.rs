@@ -373,6 +373,8 @@ impl<B: Backend> Core<B> {
                     match i.wait_for_local_holder(limit).await {
                         LocalHolder::Released { handed } => {
                             quick_retries = 3;
+                            // The attempt follows this wait, not an earlier stagger.
+                            racing = false;
                             if !handed && i.others_compete() {
                                 // Not a hand-off: staggered like every other client's waiters
                                 // (unless none listen).

@@ -49,6 +49,11 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// The weight of the latest race in a channel's [`Channel::won_share`]: the average spans about
 /// the last 1 / `RACE_WEIGHT` races.
 const RACE_WEIGHT: f64 = 0.1;
+/// How long after another client's release was heard on a channel this client's races for the
+/// lock still count, and its lead still holds it back: without another client taking the lock
+/// lately, a client re-acquiring it races nobody (an idle client may stay subscribed and be
+/// counted among the contenders), and must not be held back for winning.
+const CONTENDED_FOR: Duration = Duration::from_secs(1);
 /// Wake-up ids a channel remembers: a release's messages from its N nodes arrive within a few
 /// round trips of each other, so only the last few releases can still have messages on the way.
 const RECENT: usize = 8;
@@ -89,9 +94,19 @@ struct Channel {
     /// Clients that heard this client's latest release that the nodes told of, itself
     /// included: the number of contenders a fair share is counted among.
     contenders: u32,
+    /// When another client's release of the lock was last heard. Subscribers outlive their
+    /// waiters, so the number of contenders counts idle clients too; only while another client
+    /// took and released the lock lately is a race a race (see [`CONTENDED_FOR`]).
+    others_released: Option<tokio::time::Instant>,
 }
 
 impl Channel {
+    /// Whether another client released the lock within [`CONTENDED_FOR`].
+    fn contended(&self, now: tokio::time::Instant) -> bool {
+        self.others_released
+            .is_some_and(|at| now.saturating_duration_since(at) <= CONTENDED_FOR)
+    }
+
     /// Records `wake` as acted on; `false` if it already was (a repeat from another node).
     /// A message without an id always counts as new.
     fn first(&mut self, wake: Option<Wake>) -> bool {
@@ -324,10 +339,17 @@ impl Interest {
 
     /// Records the result of a race for the lock: an attempt made after a stagger, against
     /// other clients' waiters woken by the same release.
+    /// Counted only when the release raced for was another client's (a task of this client
+    /// coming back for the lock after this client's own release races nobody but the idle
+    /// subscribers it cannot tell from waiters), and that client released it within
+    /// [`CONTENDED_FOR`].
     pub(crate) fn raced(&self, won: bool) {
+        let now = tokio::time::Instant::now();
         if let Some(c) = lock(&self.waiters.shared.state)
             .channels
             .get_mut(&self.channel)
+            && !c.released_here
+            && c.contended(now)
         {
             c.won_share = c.won_share * (1.0 - RACE_WEIGHT) + if won { RACE_WEIGHT } else { 0.0 };
         }
@@ -338,11 +360,14 @@ impl Interest {
     /// subscribers one after another, always in the same order, and a busy client process
     /// wakes its waiters late: the clients that hear first win more than their share however
     /// the stagger is drawn. Holding back the clients that win more than their share lets the
-    /// others catch up, and costs nothing while the races are shared fairly.
+    /// others catch up, and costs nothing while the races are shared fairly. Nothing either
+    /// unless another client released the lock within [`CONTENDED_FOR`].
     pub(crate) fn lead(&self) -> f64 {
+        let now = tokio::time::Instant::now();
         lock(&self.waiters.shared.state)
             .channels
             .get(&self.channel)
+            .filter(|c| c.contended(now))
             .map_or(0.0, |c| {
                 (c.won_share - 1.0 / f64::from(c.contenders.max(1))).max(0.0)
             })
@@ -531,6 +556,7 @@ impl Waiters {
                     others_heard: true,
                     won_share: 0.0,
                     contenders: 1,
+                    others_released: None,
                 }
             });
             c.waiters += 1;
@@ -810,6 +836,7 @@ impl NodeSub {
             // it), the local waiters must not wait for a release of their own.
             c.held_until = None;
             c.released_here = false;
+            c.others_released = Some(tokio::time::Instant::now());
             c.notify.notify_waiters();
         }
         true
@@ -910,6 +937,12 @@ mod tests {
         // The node counted four subscribers besides this client's own (unconfirmed here).
         w.release_heard(&["c".to_owned()], &[Some(4)]);
         assert_eq!(lock(&w.shared.state).channels["c"].contenders, 5);
+        // Another client released the lock a moment ago: the races are contended.
+        lock(&w.shared.state)
+            .channels
+            .get_mut("c")
+            .expect("the channel")
+            .others_released = Some(tokio::time::Instant::now());
         for _ in 0..60 {
             interest.raced(true);
         }
@@ -928,6 +961,51 @@ mod tests {
         for _ in 0..60 {
             interest.raced(false);
         }
+        assert!(interest.lead() == 0.0);
+    }
+
+    /// A client re-acquiring a lock that nobody else takes is not held back, even when an idle
+    /// client stays subscribed and is counted among the contenders (found in review: a lone
+    /// client's every acquire waited four extra stagger ranges).
+    #[tokio::test(start_paused = true)]
+    async fn a_client_alone_on_a_lock_is_not_held_back_for_winning() {
+        let w = waiters();
+        let interest = w.interest("c").await;
+        // An idle client is subscribed: the node counts it.
+        w.release_heard(&["c".to_owned()], &[Some(1)]);
+        for _ in 0..60 {
+            interest.raced(true);
+        }
+        assert!(interest.lead() == 0.0, "no other client took the lock");
+        // The idle client took and released the lock once, long ago in lock terms; this
+        // client's task keeps coming back after its own releases: they race nobody.
+        {
+            let mut state = lock(&w.shared.state);
+            let c = state.channels.get_mut("c").expect("the channel");
+            c.others_released = Some(tokio::time::Instant::now());
+            c.released_here = true;
+        }
+        for _ in 0..60 {
+            interest.raced(true);
+        }
+        assert!(interest.lead() == 0.0, "its own releases raced nobody");
+        lock(&w.shared.state)
+            .channels
+            .get_mut("c")
+            .expect("the channel")
+            .released_here = false;
+        // Another client takes and releases it: from then on the races count.
+        lock(&w.shared.state)
+            .channels
+            .get_mut("c")
+            .expect("the channel")
+            .others_released = Some(tokio::time::Instant::now());
+        for _ in 0..60 {
+            interest.raced(true);
+        }
+        assert!(interest.lead() > 0.4, "won every contended race of two");
+        // Once nobody else has taken it for a while, the lead no longer holds it back.
+        tokio::time::advance(CONTENDED_FOR + Duration::from_millis(1)).await;
         assert!(interest.lead() == 0.0);
     }
 }
