@@ -848,6 +848,15 @@ mod tests {
     use super::*;
 
     /// Nothing listens on port 1: the subscription task fails at once and `interest` returns.
+    /// Records that another client released the lock on `channel` just now.
+    fn another_client_released(w: &Waiters, channel: &str) {
+        lock(&w.shared.state)
+            .channels
+            .get_mut(channel)
+            .expect("the channel")
+            .others_released = Some(tokio::time::Instant::now());
+    }
+
     fn waiters() -> Arc<Waiters> {
         let client = redis::Client::open("redis://127.0.0.1:1").expect("a valid URL");
         Arc::new(Waiters::new(
@@ -938,11 +947,7 @@ mod tests {
         w.release_heard(&["c".to_owned()], &[Some(4)]);
         assert_eq!(lock(&w.shared.state).channels["c"].contenders, 5);
         // Another client released the lock a moment ago: the races are contended.
-        lock(&w.shared.state)
-            .channels
-            .get_mut("c")
-            .expect("the channel")
-            .others_released = Some(tokio::time::Instant::now());
+        another_client_released(&w, "c");
         for _ in 0..60 {
             interest.raced(true);
         }
@@ -995,11 +1000,7 @@ mod tests {
             .expect("the channel")
             .released_here = false;
         // Another client takes and releases it: from then on the races count.
-        lock(&w.shared.state)
-            .channels
-            .get_mut("c")
-            .expect("the channel")
-            .others_released = Some(tokio::time::Instant::now());
+        another_client_released(&w, "c");
         for _ in 0..60 {
             interest.raced(true);
         }
