@@ -848,15 +848,6 @@ mod tests {
     use super::*;
 
     /// Nothing listens on port 1: the subscription task fails at once and `interest` returns.
-    /// Records that another client released the lock on `channel` just now.
-    fn another_client_released(w: &Waiters, channel: &str) {
-        lock(&w.shared.state)
-            .channels
-            .get_mut(channel)
-            .expect("the channel")
-            .others_released = Some(tokio::time::Instant::now());
-    }
-
     fn waiters() -> Arc<Waiters> {
         let client = redis::Client::open("redis://127.0.0.1:1").expect("a valid URL");
         Arc::new(Waiters::new(
@@ -864,6 +855,15 @@ mod tests {
             Duration::from_millis(20),
             Duration::from_millis(20),
         ))
+    }
+
+    /// Records that another client released the lock on `channel` just now.
+    fn another_client_released(w: &Waiters, channel: &str) {
+        lock(&w.shared.state)
+            .channels
+            .get_mut(channel)
+            .expect("the channel")
+            .others_released = Some(tokio::time::Instant::now());
     }
 
     #[tokio::test]
