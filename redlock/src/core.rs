@@ -73,11 +73,18 @@ pub(crate) struct Core<B> {
 /// release, and staggering their attempts lets the first one win cleanly instead of all of them
 /// splitting the nodes' votes. A client that won more than its fair share of the recent races
 /// (`lead`, see `Interest::lead`) waits [`LEAD_WEIGHT`] ranges per share more.
-async fn stagger(round_trip: Duration, lead: f64) {
+///
+/// Never past `deadline`, the retry policy's (no attempt starts after it): the range follows
+/// the last attempt's round trip, which a node timeout can stretch.
+async fn stagger(round_trip: Duration, lead: f64, deadline: Option<Instant>) {
     telemetry::stagger();
     let unit: f64 = crate::det::unit();
     let range = (round_trip * 2).max(STAGGER_MIN);
-    crate::timer::sleep(range.mul_f64(unit + LEAD_WEIGHT * lead)).await;
+    let mut pause = range.mul_f64(unit + LEAD_WEIGHT * lead);
+    if let Some(deadline) = deadline {
+        pause = pause.min(deadline.saturating_duration_since(Instant::now()));
+    }
+    crate::timer::sleep(pause).await;
 }
 
 /// Stagger ranges added per share of the races won beyond a fair one: a client that won a
@@ -320,6 +327,7 @@ impl<B: Backend> Core<B> {
         let span = tracing::debug_span!("redlock.acquire", resources = ?&*resources, nodes = self.backend.len());
         async {
             let started = Instant::now();
+            let deadline = policy.deadline.map(|d| lock::far_after(started, d));
             let mut attempts = 0u32;
             // Within this client, acquirers of the same resources are served in FIFO order:
             // each takes its turn before its first attempt and keeps it until it returns, so a
@@ -352,7 +360,7 @@ impl<B: Backend> Core<B> {
                     // listened; it knew of that release first, and does not listen itself, so
                     // it would reach the nodes ahead of that waiter every time. It staggers
                     // like it.
-                    Standing::HeardElsewhere => stagger(self.round_trip(), 0.0).await,
+                    Standing::HeardElsewhere => stagger(self.round_trip(), 0.0, deadline).await,
                     Standing::Neither => {}
                 }
             }
@@ -378,7 +386,7 @@ impl<B: Backend> Core<B> {
                             if !handed && i.others_compete() {
                                 // Not a hand-off: staggered like every other client's waiters
                                 // (unless none listen).
-                                stagger(round_trip, i.lead()).await;
+                                stagger(round_trip, i.lead(), deadline).await;
                                 racing = true;
                             }
                         }
@@ -390,7 +398,7 @@ impl<B: Backend> Core<B> {
                         LocalHolder::NotHeld
                             if attempts == 0 && i.ahead_of_others() =>
                         {
-                            stagger(round_trip, i.lead()).await;
+                            stagger(round_trip, i.lead(), deadline).await;
                             racing = true;
                         }
                         LocalHolder::NotHeld => {}
@@ -507,8 +515,8 @@ impl<B: Backend> Core<B> {
                             // splits the nodes' votes so that nobody reaches a quorum; a random
                             // stagger lets the first one win cleanly. (A release of this client's
                             // that no other client listened to has no other waiters to race.)
-                            stagger(round_trip, interest.as_ref().map_or(0.0, Interest::lead))
-                                .await;
+                            let lead = interest.as_ref().map_or(0.0, Interest::lead);
+                            stagger(round_trip, lead, deadline).await;
                             racing = true;
                         }
                     }

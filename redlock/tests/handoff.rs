@@ -363,3 +363,65 @@ async fn one_release_heard_from_every_node_wakes_a_waiter_once() {
 async fn release_messages_without_an_id_each_wake_a_waiter() {
     assert_eq!(attempts_after(&[""]).await, 6.0);
 }
+
+/// A retry deadline promises that no attempt starts after it, and that holds for the attempt
+/// after a release notification too, whose random stagger scales with the last attempt's round
+/// trip. Here that round trip is a whole node timeout (two of three nodes hung), so the
+/// stagger may reach twice the node timeout: the waiter hears the release during an attempt
+/// that ends shortly before its deadline, and must still make its next attempt by the
+/// deadline. Its call then ends within one attempt (the node timeout) after the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_after_a_release_still_starts_by_the_retry_deadline() {
+    const TIMEOUT: Duration = Duration::from_millis(300);
+    const DEADLINE: Duration = Duration::from_millis(500);
+    let cluster = Cluster::start(3).await.expect("cluster");
+    let make = |retry: RetryPolicy| {
+        Redlock::builder()
+            .nodes(cluster.urls())
+            .ttl(Duration::from_secs(10))
+            .node_timeout(TIMEOUT)
+            .retry(retry)
+            .build()
+            .expect("valid config")
+    };
+    let holder = make(RetryPolicy::once());
+    let waiter =
+        make(RetryPolicy::deadline(DEADLINE).with_delay(Duration::from_millis(50), Duration::ZERO));
+    // Several rounds: the stagger is random, and only a long one crosses the deadline.
+    for round in 0..4 {
+        let key = format!("late-stagger-{round}");
+        let lock = holder.acquire(&key).await.expect("holder acquires");
+        let w = waiter.clone();
+        let k = key.clone();
+        let started = Instant::now();
+        let task = tokio::spawn(async move {
+            let result = w.acquire(&k).await;
+            (started.elapsed(), result)
+        });
+        // The waiter's first attempts are refused at once and it waits 50 ms; its next
+        // attempt then waits out the two hung nodes (until about 350 ms)...
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        cluster.node(1).pause();
+        cluster.node(2).pause();
+        // ... during which the holder releases: node 0 deletes the key and wakes the waiter.
+        tokio::time::sleep(Duration::from_millis(170)).await;
+        let h = holder.clone();
+        let release = tokio::spawn(async move { h.release(lock).await });
+        let (took, result) = task.await.unwrap();
+        cluster.node(1).resume();
+        cluster.node(2).resume();
+        let _ = release.await.unwrap();
+        let err = result.expect_err("two hung nodes leave no quorum");
+        let retries = err.retries().expect("the retry history");
+        println!(
+            "round {round}: gave up after {took:?}, {} attempts",
+            retries.attempts
+        );
+        assert!(
+            took < DEADLINE + TIMEOUT + Duration::from_millis(120),
+            "round {round}: an attempt started after the {DEADLINE:?} deadline: the call took \
+             {took:?} ({} attempts) with a node timeout of {TIMEOUT:?}",
+            retries.attempts
+        );
+    }
+}
