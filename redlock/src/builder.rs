@@ -151,6 +151,13 @@ impl RedlockBuilder {
         self
     }
 
+    /// Whether racing attempts go through one node first (see
+    /// [`Config::race_via_first_node`]). Default: `true`.
+    pub fn race_via_first_node(mut self, on: bool) -> Self {
+        self.config.race_via_first_node = on;
+        self
+    }
+
     /// PEM bundle of CA certificates trusted for `rediss://` nodes instead of the system store.
     pub fn tls_root_ca(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls_root_ca = Some(pem.into());

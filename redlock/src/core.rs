@@ -10,7 +10,7 @@ use tracing::Instrument;
 
 use crate::backend::{Backend, Op, Wake};
 use crate::config::{Config, MAX_RESOURCES_PER_LOCK, RetryPolicy};
-use crate::engine::{self, Goal, Judge, Phase};
+use crate::engine::{self, First, Goal, Judge, Phase};
 use crate::error::{
     Error, GaveUp, LostReason, NodeOutcome, Phase as PhaseName, ResourceError, Retries,
 };
@@ -51,6 +51,11 @@ enum Probe {
     },
 }
 
+/// Microseconds from `born` to `at` (0 before it).
+fn micros_since(born: Instant, at: Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(born).as_micros()).unwrap_or(u64::MAX)
+}
+
 /// The protocol, generic over its nodes so the algorithm tests can run it on fakes.
 pub(crate) struct Core<B> {
     pub(crate) config: Config,
@@ -66,7 +71,18 @@ pub(crate) struct Core<B> {
     /// The round trip of this client's latest acquire attempt, in µs: the unit of the stagger
     /// after a release for a waiter that has not made an attempt of its own yet.
     round_trip_us: std::sync::atomic::AtomicU64,
+    /// Per node: until when it is not a contended lock's first node (see `Core::first_node`),
+    /// in µs since `born`; 0 = usable.
+    passed_over: Arc<[std::sync::atomic::AtomicU64]>,
+    born: Instant,
 }
+
+/// How long a node that failed a racing attempt, or did not answer it within its budget, is
+/// not used as the first node: the node after it in the ranking is. Long enough that a hung
+/// node costs a hot lock's racers its patience (a quarter of its budget) a few times, not on
+/// every hand-off. A node that is only slow keeps its place, so that clients under load still
+/// agree on the first node.
+const PASS_OVER: Duration = Duration::from_secs(10);
 
 /// A random pause of up to two round trips (or [`STAGGER_MIN`], whichever is longer), taken by
 /// a waiter woken by a release that was not handed to it: every client's waiter hears the same
@@ -105,6 +121,7 @@ impl<B: Backend> Core<B> {
         let origin: Vec<&str> = (0..backend.len()).map(|i| &**backend.name(i)).collect();
         let origin = origin.join(",").into();
         static INSTANCES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let n = backend.len();
         let backend = Arc::new(backend);
         Self {
             renewer: Arc::new(Renewer::new(Arc::clone(&backend), config.clone())),
@@ -116,7 +133,29 @@ impl<B: Backend> Core<B> {
             backend,
             waiters: waiters.map(Arc::new),
             round_trip_us: std::sync::atomic::AtomicU64::new(0),
+            passed_over: (0..n)
+                .map(|_| std::sync::atomic::AtomicU64::new(0))
+                .collect(),
+            born: Instant::now(),
         }
+    }
+
+    /// The node a racing attempt on `resource` asks first (see `engine::first_node`), passing
+    /// over the nodes that failed such an attempt lately; with what to do if it fails too.
+    fn first_node(&self, resource: &str) -> Option<First> {
+        let now = micros_since(self.born, Instant::now());
+        let names = (0..self.backend.len()).map(|i| &**self.backend.name(i));
+        let node = engine::first_node(names, resource, |i| {
+            self.passed_over[i].load(std::sync::atomic::Ordering::Relaxed) <= now
+        })?;
+        let (passed_over, born) = (Arc::clone(&self.passed_over), self.born);
+        Some(First {
+            node,
+            missed: Box::new(move || {
+                let until = micros_since(born, Instant::now() + PASS_OVER);
+                passed_over[node].store(until, std::sync::atomic::Ordering::Relaxed);
+            }),
+        })
     }
 
     /// The wake-up channel of each resource.
@@ -179,6 +218,7 @@ impl<B: Backend> Core<B> {
                     Arc::clone(&op),
                     Goal::NoQuorumLeft,
                     None,
+                    None,
                 );
                 let _ = phase.decided().await;
             }
@@ -240,6 +280,7 @@ impl<B: Backend> Core<B> {
         token: Token,
         rearm: bool,
         terms: Terms,
+        racing: bool,
     ) -> Result<Lock, Error> {
         self.usable()?;
         let ttl = terms.ttl;
@@ -260,12 +301,18 @@ impl<B: Backend> Core<B> {
             channels: Arc::from(Vec::<String>::new()),
             wake: Wake::NONE,
         });
+        // An attempt racing other clients' waiters goes through one node first, so that the
+        // racers do not split the votes (see `engine::first_node`).
+        let first = (racing && self.config.race_via_first_node)
+            .then(|| self.first_node(&resources[0]))
+            .flatten();
         let mut phase = Phase::start(
             &self.backend,
             PhaseName::Acquire,
             op,
             Goal::Quorum,
             Some(cleanup),
+            first,
         );
         let d = phase.decided().await;
         // A misconfiguration found while this attempt ran: none of its votes may count.
@@ -418,7 +465,9 @@ impl<B: Backend> Core<B> {
                 }
                 let handoffs = interest.as_ref().map(Interest::handoffs);
                 let attempt_started = Instant::now();
-                let result = self.attempt(&resources, &keys, token, fixed, terms).await;
+                let result = self
+                    .attempt(&resources, &keys, token, fixed, terms, racing)
+                    .await;
                 let round_trip = attempt_started.elapsed();
                 if std::mem::take(&mut racing)
                     && let Some(i) = interest.as_ref()
@@ -569,7 +618,14 @@ impl<B: Backend> Core<B> {
                 token: lock.token.clone(),
                 ttl_ms: lock::ttl_ms(ttl),
             });
-            let mut phase = Phase::start(&self.backend, PhaseName::Extend, op, Goal::Quorum, None);
+            let mut phase = Phase::start(
+                &self.backend,
+                PhaseName::Extend,
+                op,
+                Goal::Quorum,
+                None,
+                None,
+            );
             let d = phase.decided().await;
             // The new validity counts from the extension's start, never from the old deadline.
             let valid_for = Judge::new(PhaseName::Extend, &lock.resources, ttl, &self.config)
@@ -626,6 +682,7 @@ impl<B: Backend> Core<B> {
                 PhaseName::Release,
                 op,
                 Goal::NoQuorumLeft,
+                None,
                 None,
             );
             if let Some(w) = &self.waiters {

@@ -374,28 +374,53 @@ fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
 
 impl<B: Backend> Phase<B> {
     /// Sends `op` to every node. Must run inside a tokio runtime.
+    ///
+    /// With `first`, `op` goes to that node first and to the others only once it did not
+    /// refuse (see [`first_node`]); after its refusal the others count as refusing unasked.
     pub(crate) fn start(
         backend: &Arc<B>,
         name: PhaseName,
         op: Arc<Op>,
         goal: Goal,
         cleanup: Option<Arc<Op>>,
+        first: Option<First>,
     ) -> Self {
         let n = backend.len();
         let state = Arc::new(Mutex::new(State::new(goal, n)));
         // Hand the requests over here, in the caller's order; the driver only polls them.
         let now = Instant::now();
-        let calls: Vec<Call> = (0..n)
-            .map(|i| {
-                let budget = backend.budget(i);
-                Call {
-                    request: Some(handed_over(backend.call(i, Arc::clone(&op)))),
-                    deadline: now + budget,
-                    budget,
-                    settled: false,
-                }
-            })
-            .collect();
+        let mut first = first.filter(|f| f.node < n);
+        let gate = first.as_ref().map(|f| {
+            let (open, opened) = tokio::sync::watch::channel(Gate::Waiting);
+            (f.node, Arc::new(open), opened)
+        });
+        let mut calls = Vec::with_capacity(n);
+        for i in 0..n {
+            let request = match (&gate, first.take_if(|f| f.node == i)) {
+                (Some((_, open, _)), Some(f)) => first_call(
+                    backend.call(i, Arc::clone(&op)),
+                    Arc::clone(open),
+                    now + backend.budget(i) / 4,
+                    now + backend.budget(i),
+                    f.missed,
+                ),
+                (Some((_, _, opened)), _) => gated(
+                    Arc::clone(backend),
+                    i,
+                    Arc::clone(&op),
+                    opened.clone(),
+                    Arc::downgrade(&state),
+                ),
+                (None, _) => backend.call(i, Arc::clone(&op)),
+            };
+            let budget = backend.budget(i);
+            calls.push(Call {
+                request: Some(handed_over(request)),
+                deadline: now + budget,
+                budget,
+                settled: false,
+            });
+        }
         let give_up = calls.iter().map(|c| c.deadline).max().unwrap_or(now) + DELIVERY_GRACE;
         let first = calls.iter().map(|c| c.deadline).min().unwrap_or(give_up);
         let driver = Driver {
@@ -549,6 +574,139 @@ pub(crate) fn handed_over<T: Send + 'static>(call: BoxFuture<'static, T>) -> Han
         Poll::Ready(answer) => Handed::answered(answer),
         Poll::Pending => Handed::Waiting(call),
     }
+}
+
+/// Picks the node a contended lock is attempted on first, the same for every client that
+/// names the nodes alike: of the nodes `usable` allows, the one with the highest hash of node
+/// name and `resource` (rendezvous hashing, FNV-1a). `None` with one node, whose answer
+/// decides alone.
+///
+/// Waiters woken by one release race for the lock. Sent to every node at once, two attempts
+/// that start within a round trip of each other can each win some nodes and neither a quorum
+/// (a split vote: both clean up and try again). Through one node first, the loser is refused
+/// there and asks no other node, and the winner asks the rest once that node granted: one more
+/// round trip for the winner, no split between racers, and fewer requests for the nodes.
+pub(crate) fn first_node<'a>(
+    names: impl Iterator<Item = &'a str>,
+    resource: &str,
+    usable: impl Fn(usize) -> bool,
+) -> Option<usize> {
+    fn fnv(parts: &[&[u8]]) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for part in parts {
+            for &b in *part {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        h
+    }
+    let scored: Vec<(usize, u64)> = names
+        .enumerate()
+        .map(|(i, name)| (i, fnv(&[name.as_bytes(), b"\n", resource.as_bytes()])))
+        .collect();
+    if scored.len() < 2 {
+        return None;
+    }
+    scored
+        .into_iter()
+        .filter(|&(i, _)| usable(i))
+        .max_by_key(|&(_, h)| h)
+        .map(|(i, _)| i)
+}
+
+/// The node an attempt asks first (see [`Phase::start`]).
+pub(crate) struct First {
+    pub(crate) node: usize,
+    /// Called when that node fails or does not answer within its budget.
+    pub(crate) missed: Box<dyn FnOnce() + Send>,
+}
+
+/// Whether the nodes after the first may be asked (see [`Phase::start`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gate {
+    Waiting,
+    Open,
+    Shut,
+}
+
+/// The first node's request: opens the gate for the others unless the node refused; also
+/// when it has not answered by `patience` (a hung node must not hold the attempt up for long).
+/// Calls `missed` when the node fails or has not answered by `deadline`, its budget.
+fn first_call(
+    mut call: BoxFuture<'static, Result<Reply, NodeError>>,
+    open: Arc<tokio::sync::watch::Sender<Gate>>,
+    patience: Instant,
+    deadline: Instant,
+    missed: Box<dyn FnOnce() + Send>,
+) -> BoxFuture<'static, Result<Reply, NodeError>> {
+    Box::pin(async move {
+        let mut missed = Some(missed);
+        let mut answer = None;
+        for until in [patience, deadline] {
+            answer = crate::det::select! {
+                answer = &mut call => Some(answer),
+                () = tokio::time::sleep_until(until) => None,
+            };
+            if answer.is_some() {
+                break;
+            }
+            if until == patience {
+                open.send_replace(Gate::Open);
+            } else if let Some(missed) = missed.take() {
+                missed();
+            }
+        }
+        let answer = match answer {
+            Some(answer) => answer,
+            None => call.await,
+        };
+        if answer.is_err()
+            && let Some(missed) = missed.take()
+        {
+            missed();
+        }
+        let verdict = match answer {
+            Ok(Reply::No) => Gate::Shut,
+            _ => Gate::Open,
+        };
+        open.send_if_modified(|g| {
+            let waiting = *g == Gate::Waiting;
+            if waiting {
+                *g = verdict;
+            }
+            waiting
+        });
+        answer
+    })
+}
+
+/// Node `i`'s request behind the gate: made once the gate opens (a node's request is queued
+/// for it as soon as it is made), unless the phase gave up on the node or the attempt
+/// meanwhile — nothing was sent then, so nothing needs cleaning up; a refusal, unasked, once
+/// the gate shuts.
+fn gated<B: Backend>(
+    backend: Arc<B>,
+    i: usize,
+    op: Arc<Op>,
+    mut opened: tokio::sync::watch::Receiver<Gate>,
+    state: std::sync::Weak<Mutex<State>>,
+) -> BoxFuture<'static, Result<Reply, NodeError>> {
+    Box::pin(async move {
+        let open = match opened.wait_for(|g| *g != Gate::Waiting).await {
+            Ok(g) => *g == Gate::Open,
+            Err(_) => true, // the first request is gone with its driver
+        };
+        let wanted = open
+            && state.upgrade().is_some_and(|st| {
+                let st = lock(&st);
+                !st.abandoned && matches!(st.slots[i].outcome, NodeOutcome::Pending)
+            });
+        if !wanted {
+            return Ok(Reply::No);
+        }
+        handed_over(backend.call(i, op)).await
+    })
 }
 
 /// Sends the cleanup request to node `i` in the background; it may wait up to

@@ -34,7 +34,9 @@ pub enum NodeOutcome {
     /// the TTL. Release: it deleted our key. Connect: it answered the handshake.
     Confirmed,
     /// Acquire: another owner holds the key. Extend: the key no longer holds our token.
-    /// Release: the key was already gone (expired) or belongs to someone else.
+    /// Release: the key was already gone (expired) or belongs to someone else. Also an acquire
+    /// that raced other clients' waiters and was refused by the node it asks first: the other
+    /// nodes were not asked (see [`Config::race_via_first_node`](crate::Config::race_via_first_node)).
     Refused,
     /// The node answered with an error or the connection failed. The outcome is *unknown*: the
     /// command may still have run, so the node is treated as possibly holding the lock.

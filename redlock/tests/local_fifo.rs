@@ -574,3 +574,60 @@ async fn clients_that_hear_releases_later_still_get_their_share() {
         total / CLIENTS
     );
 }
+
+/// Every client's waiter hears a release and, after its stagger, races the others for the lock.
+/// Sent to every node at once, each racer's attempt costs every node a request, and two attempts
+/// made within a round trip of each other can each win some nodes and neither a quorum (a split
+/// vote: both clean up and try again). Six clients of one task each take 150 turns on 5 nodes,
+/// on two threads; their races go through one node first, where a loser is refused before it
+/// asks any other node. Counted on the nodes: the `SET`s the acquire script runs per turn (one
+/// per node asked, refused or not, plus the claim stamp's per grant) and the split votes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_clients_ask_one_node_first() {
+    const CLIENTS: usize = 6;
+    const TURNS: usize = 150;
+    let cluster = Cluster::start(5).await.unwrap();
+    let wins = Arc::new(Mutex::new(Vec::new()));
+    let clients: Vec<redlock::Redlock> =
+        (0..CLIENTS).map(|_| woken_only_client(&cluster)).collect();
+    // Every client waits once, so that all of them listen on the lock's channel.
+    for c in 1..CLIENTS {
+        wait_for_each_other(&clients[0], &clients[c], "race").await;
+    }
+    let sets_before = sets(&cluster).await;
+    let mut tasks = Vec::new();
+    for (c, rl) in clients.into_iter().enumerate() {
+        tasks.push(tokio::spawn(take_turns(
+            rl,
+            "race",
+            c,
+            Arc::clone(&wins),
+            TURNS,
+        )));
+    }
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("the turns end")
+            .unwrap();
+    }
+    let turns = wins.lock().unwrap().len();
+    let sets = sets(&cluster).await - sets_before;
+    #[allow(clippy::cast_precision_loss)]
+    let per_turn = sets as f64 / turns as f64;
+    println!("{sets} SETs in {turns} turns: {per_turn:.1} per turn");
+    // A winner: 5 nodes, 5 stamps. Each other racer: 1 node here, 5 if it asked every node.
+    assert!(
+        per_turn < 20.0,
+        "{per_turn:.1} SETs per turn: the racers asked every node"
+    );
+}
+
+/// `SET` calls on every node of `cluster` so far (the acquire script's, among others).
+async fn sets(cluster: &Cluster) -> u64 {
+    let mut n = 0;
+    for node in cluster.nodes() {
+        n += node.command_calls("set").await;
+    }
+    n
+}

@@ -470,10 +470,11 @@ fn many_histories_run_fast() {
 
 /// Eight separate clients take turns on one hot key (1 ms holds, default retry delays) over
 /// nodes with 50–150 µs of latency. Every release wakes them all; when two retry together their
-/// votes split and nobody reaches the quorum — then no release follows, and a client that only
-/// waited for one would sleep out its retry delay (100 ms ± 50) with the lock free. Returns the
-/// simulated time 200 hand-offs took.
-async fn hot_key_handoffs(seed: u64) -> Duration {
+/// votes may split so that nobody reaches the quorum — then no release follows, and a client
+/// that only waited for one would sleep out its retry delay (100 ms ± 50) with the lock free.
+/// `via_first`: the racers go through one node first ([`redlock::Config::race_via_first_node`]),
+/// which keeps their votes from splitting. Returns the simulated time 200 hand-offs took.
+async fn hot_key_handoffs(seed: u64, via_first: bool) -> Duration {
     let cluster = SimCluster::new(5, seed);
     for i in 0..5 {
         cluster.set_delay(i, Duration::from_micros(50), Duration::from_micros(100));
@@ -483,10 +484,17 @@ async fn hot_key_handoffs(seed: u64) -> Duration {
             Redlock::builder()
                 .ttl(Duration::from_secs(10))
                 .retry(RetryPolicy::deadline(Duration::from_secs(30)))
+                .race_via_first_node(via_first)
                 .build_simulated(&cluster)
                 .expect("valid")
         })
         .collect();
+    take_turns(clients, "hot", 200).await
+}
+
+/// `clients` take turns on `resource` (1 ms holds) until `turns` hand-offs are done; returns
+/// the simulated time they took.
+async fn take_turns(clients: Vec<Redlock>, resource: &'static str, turns: usize) -> Duration {
     let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let start = Instant::now();
     let tasks: Vec<_> = clients
@@ -494,8 +502,8 @@ async fn hot_key_handoffs(seed: u64) -> Duration {
         .map(|rl| {
             let done = std::sync::Arc::clone(&done);
             tokio::spawn(async move {
-                while done.load(std::sync::atomic::Ordering::SeqCst) < 200 {
-                    let lock = rl.acquire("hot").await.expect("within the deadline");
+                while done.load(std::sync::atomic::Ordering::SeqCst) < turns {
+                    let lock = rl.acquire(resource).await.expect("within the deadline");
                     tokio::time::sleep(Duration::from_millis(1)).await;
                     rl.release(lock).await.expect("released");
                     done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -512,7 +520,7 @@ async fn hot_key_handoffs(seed: u64) -> Duration {
 #[test]
 fn split_votes_between_clients_are_retried_soon() {
     for seed in [1, 2, 3] {
-        let took = runtime().block_on(hot_key_handoffs(seed));
+        let took = runtime().block_on(hot_key_handoffs(seed, false));
         // Each hand-off needs a hold (1 ms) and two phases of a few hundred µs. Waiting split
         // votes out, 200 hand-offs took 1.60–1.78 s of simulated time (seeds 1–3); retrying
         // them soon, 1.05–1.10 s.
@@ -521,6 +529,45 @@ fn split_votes_between_clients_are_retried_soon() {
             "seed {seed}: 200 hand-offs took {took:?}"
         );
     }
+}
+
+/// The same hand-offs with the racers going through one node first (the default): no split
+/// votes to retry, for one more round trip on each winner's acquire. The simulated clock moves
+/// in whole milliseconds, so a round trip of 0.1–0.3 ms costs 2 ms here: 200 hand-offs took
+/// 1.42–1.44 s (seeds 1–3). With the first node hung, a racer's attempt waits a quarter of the
+/// node timeout for it, then asks every node; once the node has not answered within its whole
+/// budget, the client passes it over.
+#[test]
+fn racers_through_one_node_first_hand_a_hot_key_over_soon() {
+    for seed in [1, 2, 3] {
+        let took = runtime().block_on(hot_key_handoffs(seed, true));
+        assert!(
+            took < Duration::from_millis(1_600),
+            "seed {seed}: 200 hand-offs took {took:?}"
+        );
+    }
+    let took = runtime().block_on(async {
+        let cluster = SimCluster::new(5, 4);
+        let first = cluster.first_node("hung-first").expect("five nodes");
+        cluster.pause(first);
+        let clients: Vec<Redlock> = (0..4)
+            .map(|_| {
+                Redlock::builder()
+                    .ttl(Duration::from_secs(10))
+                    .retry(RetryPolicy::deadline(Duration::from_secs(30)))
+                    .build_simulated(&cluster)
+                    .expect("valid")
+            })
+            .collect();
+        take_turns(clients, "hung-first", 100).await
+    });
+    // 322 ms (seed 4): each client's racing attempts wait for the hung node until one of them
+    // has waited its whole budget (50 ms), and then pass it over. Never passing it over, 602 ms.
+    println!("100 hand-offs with the first node hung: {took:?}");
+    assert!(
+        took < Duration::from_millis(450),
+        "100 hand-offs with the first node hung took {took:?}"
+    );
 }
 
 /// `wait_released` on simulated nodes: woken by the release's notification, by the keys'

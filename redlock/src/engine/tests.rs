@@ -265,15 +265,40 @@ async fn settle() {
     tokio::time::sleep(Duration::from_secs(1)).await;
 }
 
-async fn check(behaviour: &[Behaviour], ttl: Duration, cancel_at: Option<Duration>) {
+/// The first node of a racing attempt on resource "r".
+fn first(backend: &FakeBackend) -> Option<usize> {
+    first_node(backend.names.iter().map(|n| &**n), "r", |_| true)
+}
+
+/// One acquire attempt on nodes behaving as `behaviour`, cancelled at `cancel_at`, checked
+/// against the protocol's invariants. `contended`: the attempt goes through one node first
+/// (see `first_node`), as a contended lock's attempts do.
+async fn check(
+    behaviour: &[Behaviour],
+    ttl: Duration,
+    cancel_at: Option<Duration>,
+    contended: bool,
+) {
     let core = core(behaviour, ttl);
     let fast_yes = behaviour
         .iter()
         .filter(|b| matches!(b, Behaviour::Grant | Behaviour::Slow))
         .count();
+    // A refusal of the first node stands for them all: the others are not asked.
+    let first_refuses =
+        contended && first(&core.backend).is_some_and(|f| behaviour[f] == Behaviour::Refuse);
     let start = Instant::now();
     let once = RetryPolicy::once();
-    let fut = core.acquire(vec!["r".into()], &once, None);
+    let fut = async {
+        if contended {
+            let (resources, keys) = core.keys(vec!["r".into()]).expect("valid resource");
+            let token = crate::token::Token::random().expect("entropy");
+            core.attempt(&resources, &keys, token, false, core.terms(), true)
+                .await
+        } else {
+            core.acquire(vec!["r".into()], &once, None).await
+        }
+    };
     let result = match cancel_at {
         // `None`: the acquire future was dropped mid-flight.
         Some(at) => tokio::time::timeout(at, fut).await.ok(),
@@ -314,7 +339,7 @@ async fn check(behaviour: &[Behaviour], ttl: Duration, cancel_at: Option<Duratio
                 Error::ValidityExhausted { .. } => assert!(fast_yes >= 3, "{ctx}"),
                 other => panic!("unexpected error {other:?}: {ctx}"),
             }
-            if fast_yes >= 3 {
+            if fast_yes >= 3 && !first_refuses {
                 assert!(
                     matches!(e, Error::ValidityExhausted { .. }),
                     "a quorum granted in time but acquire failed with {e}: {ctx}"
@@ -358,15 +383,73 @@ async fn matrix_of_node_behaviours_and_cancellation_points() {
     ];
     let mut runs = 0;
     for behaviour in combos(5) {
-        for cancel in cancels {
-            check(&behaviour, Duration::from_secs(1), cancel).await;
+        for contended in [false, true] {
+            for cancel in cancels {
+                check(&behaviour, Duration::from_secs(1), cancel, contended).await;
+                runs += 1;
+            }
+            // A TTL so short that a 20 ms answer exhausts the validity (21 ms − 2.21 ms drift).
+            check(&behaviour, Duration::from_millis(21), None, contended).await;
             runs += 1;
         }
-        // A TTL so short that a 20 ms answer exhausts the validity (21 ms − 2.21 ms drift).
-        check(&behaviour, Duration::from_millis(21), None).await;
-        runs += 1;
     }
-    assert_eq!(runs, 6usize.pow(5) * 6);
+    assert_eq!(runs, 6usize.pow(5) * 6 * 2);
+}
+
+/// A contended attempt goes through one node first: refused there, it asks no other node;
+/// granted there, it asks every node; with that node silent, it asks the others after a
+/// quarter of the node timeout.
+#[tokio::test(start_paused = true)]
+async fn a_contended_attempt_asks_one_node_first() {
+    use Behaviour::*;
+    let first = self::first(&FakeBackend::new(&[Grant; 5])).expect("five nodes");
+    let attempt = |behaviour: Vec<Behaviour>| async move {
+        let core = core(&behaviour, Duration::from_secs(1));
+        let (resources, keys) = core.keys(vec!["r".into()]).expect("valid resource");
+        let token = crate::token::Token::random().expect("entropy");
+        let started = Instant::now();
+        let result = core
+            .attempt(&resources, &keys, token, false, core.terms(), true)
+            .await;
+        let elapsed = started.elapsed();
+        settle().await;
+        let asked: Vec<usize> = (0..5)
+            .map(|i| core.backend.data[i].lock().unwrap().acquires)
+            .collect();
+        (result, elapsed, asked)
+    };
+    let with_first = |b: Behaviour| {
+        let mut v = vec![Grant; 5];
+        v[first] = b;
+        v
+    };
+
+    let (result, _, asked) = attempt(with_first(Refuse)).await;
+    assert!(result.unwrap_err().is_busy());
+    let mut only_first = vec![0; 5];
+    only_first[first] = 1;
+    assert_eq!(
+        asked, only_first,
+        "refused at the first node, no other is asked"
+    );
+
+    let (result, elapsed, asked) = attempt(with_first(Grant)).await;
+    assert!(result.is_ok());
+    assert_eq!(asked, vec![1; 5]);
+    // One round trip to the first node, then one to the rest (1 ms each here).
+    assert!(elapsed >= Duration::from_millis(2), "{elapsed:?}");
+
+    let (result, elapsed, asked) = attempt(with_first(Hang)).await;
+    assert!(result.is_ok(), "the other four grant");
+    assert_eq!(asked.iter().sum::<usize>(), 4);
+    assert!(elapsed >= NODE_TIMEOUT / 4, "{elapsed:?}");
+    assert!(
+        elapsed < NODE_TIMEOUT / 4 + Duration::from_millis(5),
+        "{elapsed:?}"
+    );
+
+    // One node: nothing to split, its answer decides alone.
+    assert_eq!(self::first(&FakeBackend::new(&[Grant; 1])), None);
 }
 
 #[test]
@@ -477,7 +560,7 @@ async fn a_phase_polled_after_a_stall_records_the_silent_nodes() {
         ttl_ms: 10_000,
         rearm: false,
     });
-    let mut phase = Phase::start(&backend, PhaseName::Acquire, op, Goal::Quorum, None);
+    let mut phase = Phase::start(&backend, PhaseName::Acquire, op, Goal::Quorum, None, None);
     tokio::time::advance(NODE_TIMEOUT + DELIVERY_GRACE + Duration::from_secs(1)).await;
     let d = tokio::time::timeout(Duration::from_secs(10), phase.decided())
         .await

@@ -69,7 +69,7 @@ fn unexpected(resp: &Resp) -> NodeError {
 impl SimBackend {
     pub(crate) fn new(cluster: &super::SimCluster, config: &Config, keys: NodeKeys) -> Self {
         let n = cluster.len();
-        let names: Vec<Arc<str>> = (0..n).map(|i| Arc::from(format!("sim{i}"))).collect();
+        let names: Vec<Arc<str>> = (0..n).map(|i| Arc::from(super::node_name(i))).collect();
         let identities = Arc::new(Identities::new(names.clone()));
         let nodes = names
             .into_iter()

@@ -45,6 +45,11 @@ pub fn unseed_thread() {
     rng::remove();
 }
 
+/// The name of simulated node `i`, as clients see it.
+pub(crate) fn node_name(i: usize) -> String {
+    format!("sim{i}")
+}
+
 /// A handle to N simulated nodes; clones share them.
 ///
 /// Fault controls take a node index.
@@ -86,6 +91,14 @@ impl SimCluster {
     /// Number of nodes.
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// The node a racing attempt on `resource` asks first (an attempt after a release
+    /// notification and a stagger goes through one node first), while no node is passed over
+    /// for keeping such attempts waiting. `None` with one node.
+    pub fn first_node(&self, resource: &str) -> Option<usize> {
+        let names: Vec<String> = (0..self.len).map(node_name).collect();
+        crate::engine::first_node(names.iter().map(String::as_str), resource, |_| true)
     }
 
     /// Whether the cluster has no nodes.
