@@ -245,8 +245,7 @@ impl RedlockBuilder {
             })?;
             nodes.push(Arc::new(node));
         }
-        let origin: Vec<&str> = specs.iter().map(|s| s.identity.as_str()).collect();
-        let origin = origin.join(",");
+        let ids: Vec<&str> = specs.iter().map(|s| s.identity.as_str()).collect();
         let backend = RedisBackend {
             nodes,
             node_timeout: c.node_timeout,
@@ -263,7 +262,7 @@ impl RedlockBuilder {
             c.connect_timeout,
         );
         Ok(Redlock::from_core(
-            Core::new(self.config, Nodes::Redis(backend), Some(waiters)).with_origin(origin),
+            Core::new(self.config, Nodes::Redis(backend), Some(waiters)).with_node_ids(&ids),
         ))
     }
 

@@ -101,11 +101,13 @@ pub struct Config {
     pub claim_stamps: bool,
     /// Whether an attempt that races other clients' waiters for a lock just released goes
     /// through one node first, the same for every client (chosen by hashing node names and the
-    /// resource): refused there, it asks no other node; granted there, it asks the rest. This
-    /// keeps racers from splitting the nodes' votes so that none reaches a quorum, and spares
-    /// the nodes the losers' requests, for one more round trip on the winner's acquire. A node
-    /// that keeps such an attempt waiting past a quarter of its budget is passed over for
-    /// 10 s. Uncontended acquires always ask every node at once. Default: `true`.
+    /// resource; clients agree when they address the nodes alike): refused there, it asks no
+    /// other node; granted there, it asks the rest. This keeps racers from splitting the nodes'
+    /// votes so that none reaches a quorum, and spares the nodes the losers' requests, for one
+    /// more round trip on the winner's acquire. When that node has not answered within a
+    /// quarter of the node timeout, the others are asked anyway; a node that fails, misses its
+    /// whole budget, or refuses while a quorum of the others grants is passed over for 10 s.
+    /// Uncontended acquires always ask every node at once. Default: `true`.
     pub race_via_first_node: bool,
     /// How often a [`LockGuard`](crate::LockGuard) renews its lock. `None` = TTL/3. Each renewal
     /// is scheduled 0–20 % early at random, so locks taken together spread out. Default: `None`.

@@ -51,6 +51,12 @@ enum Probe {
     },
 }
 
+/// Passes node `node` over as a first node for [`PASS_OVER`] from now.
+fn pass_over(passed_over: &[std::sync::atomic::AtomicU64], born: Instant, node: usize) {
+    let until = micros_since(born, Instant::now() + PASS_OVER);
+    passed_over[node].fetch_max(until, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Microseconds from `born` to `at` (0 before it).
 fn micros_since(born: Instant, at: Instant) -> u64 {
     u64::try_from(at.saturating_duration_since(born).as_micros()).unwrap_or(u64::MAX)
@@ -75,6 +81,9 @@ pub(crate) struct Core<B> {
     /// in µs since `born`; 0 = usable.
     passed_over: Arc<[std::sync::atomic::AtomicU64]>,
     born: Instant,
+    /// Per node: what the first node's ranking hashes — the normalised address (set by the
+    /// builder), so that clients naming the nodes differently still agree.
+    ranked_as: Arc<[Arc<str>]>,
 }
 
 /// How long a node that failed a racing attempt, or did not answer it within its budget, is
@@ -122,6 +131,7 @@ impl<B: Backend> Core<B> {
         let origin = origin.join(",").into();
         static INSTANCES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let n = backend.len();
+        let ranked_as = (0..n).map(|i| Arc::clone(backend.name(i))).collect();
         let backend = Arc::new(backend);
         Self {
             renewer: Arc::new(Renewer::new(Arc::clone(&backend), config.clone())),
@@ -137,24 +147,44 @@ impl<B: Backend> Core<B> {
                 .map(|_| std::sync::atomic::AtomicU64::new(0))
                 .collect(),
             born: Instant::now(),
+            ranked_as,
         }
     }
 
     /// The node a racing attempt on `resource` asks first (see `engine::first_node`), passing
-    /// over the nodes that failed such an attempt lately; with what to do if it fails too.
-    fn first_node(&self, resource: &str) -> Option<First> {
+    /// over the nodes that failed such an attempt lately, and those whose connection is not
+    /// open (their budget includes opening it): a request to them waits for the connection.
+    pub(crate) fn first_node_index(&self, resource: &str) -> Option<usize> {
         let now = micros_since(self.born, Instant::now());
-        let names = (0..self.backend.len()).map(|i| &**self.backend.name(i));
-        let node = engine::first_node(names, resource, |i| {
+        let n = self.backend.len();
+        let open_budget = (0..n).map(|i| self.backend.budget(i)).min()?;
+        let names = self.ranked_as.iter().map(|n| &**n);
+        engine::first_node(names, resource, |i| {
             self.passed_over[i].load(std::sync::atomic::Ordering::Relaxed) <= now
-        })?;
+                && self.backend.budget(i) <= open_budget
+        })
+    }
+
+    /// Passes over `resource`'s first node when it refused a lock a quorum of the others
+    /// granted: it holds a key they do not (a release or cleanup missed it), and would refuse
+    /// every racer until that key expires. Checked when the lock is taken and again when it is
+    /// released, when the slower nodes' answers are in.
+    fn check_first_node(&self, resource: &str, granted: &engine::Granted) {
+        if self.config.race_via_first_node
+            && let Some(f) = self.first_node_index(resource)
+            && granted.refused(f)
+        {
+            pass_over(&self.passed_over, self.born, f);
+        }
+    }
+
+    /// [`Core::first_node_index`], with what to do if that node fails.
+    fn first_node(&self, resource: &str) -> Option<First> {
+        let node = self.first_node_index(resource)?;
         let (passed_over, born) = (Arc::clone(&self.passed_over), self.born);
         Some(First {
             node,
-            missed: Box::new(move || {
-                let until = micros_since(born, Instant::now() + PASS_OVER);
-                passed_over[node].store(until, std::sync::atomic::Ordering::Relaxed);
-            }),
+            missed: Box::new(move || pass_over(&passed_over, born, node)),
         })
     }
 
@@ -178,10 +208,12 @@ impl<B: Backend> Core<B> {
         engine::quorum(self.backend.len())
     }
 
-    /// Sets the node list a lock is recognised by (the builder uses the normalised addresses,
-    /// so two clients of the same nodes under different display names agree).
-    pub(crate) fn with_origin(mut self, origin: impl Into<Arc<str>>) -> Self {
-        self.origin = origin.into();
+    /// Sets the nodes' normalised addresses: the node list a lock is recognised by, and what
+    /// ranks the nodes for a racing attempt's first node — so that two clients of the same
+    /// nodes under different display names agree.
+    pub(crate) fn with_node_ids(mut self, ids: &[&str]) -> Self {
+        self.origin = ids.join(",").into();
+        self.ranked_as = ids.iter().map(|id| Arc::from(*id)).collect();
         self
     }
 
@@ -334,6 +366,7 @@ impl<B: Backend> Core<B> {
             }
         };
         let granted = phase.keep();
+        self.check_first_node(&resources[0], &granted);
         let mut claims = d.claims;
         claims.sort_by(|a, b| a.node.cmp(&b.node));
         Ok(Lock {
@@ -648,6 +681,10 @@ impl<B: Backend> Core<B> {
 
     pub(crate) async fn release(&self, lock: Lock) -> Result<ReleaseReport, Error> {
         self.owns(&lock)?;
+        if let Some(granted) = &lock.granted {
+            // The nodes' late answers have arrived by now.
+            self.check_first_node(&lock.resources[0], granted);
+        }
         self.release_parts(&lock.resources, &lock.keys, &lock.token, lock.taker)
             .await
     }

@@ -389,45 +389,57 @@ impl<B: Backend> Phase<B> {
         let state = Arc::new(Mutex::new(State::new(goal, n)));
         // Hand the requests over here, in the caller's order; the driver only polls them.
         let now = Instant::now();
+        let budgets: Vec<Duration> = (0..n).map(|i| backend.budget(i)).collect();
         let mut first = first.filter(|f| f.node < n);
-        let gate = first.as_ref().map(|f| {
+        let first_node = first.as_ref().map(|f| f.node);
+        // The first node's answer is awaited at most a quarter of the shortest budget (not of
+        // its own, which a connection being opened lengthens), and every other node keeps its
+        // whole budget from the latest moment it may be asked.
+        let patience = budgets.iter().min().copied().unwrap_or_default() / 4;
+        let gate = first.as_ref().map(|_| {
             let (open, opened) = tokio::sync::watch::channel(Gate::Waiting);
-            (f.node, Arc::new(open), opened)
+            (Arc::new(open), opened)
         });
         let mut calls = Vec::with_capacity(n);
-        for i in 0..n {
-            let request = match (&gate, first.take_if(|f| f.node == i)) {
-                (Some((_, open, _)), Some(f)) => first_call(
-                    backend.call(i, Arc::clone(&op)),
-                    Arc::clone(open),
-                    now + backend.budget(i) / 4,
-                    now + backend.budget(i),
-                    f.missed,
+        for (i, &budget) in budgets.iter().enumerate() {
+            let (request, deadline) = match (&gate, first.take_if(|f| f.node == i)) {
+                (Some((open, _)), Some(f)) => (
+                    first_call(
+                        backend.call(i, Arc::clone(&op)),
+                        Arc::clone(open),
+                        now + patience,
+                        now + budget,
+                        f.missed,
+                    ),
+                    now + budget,
                 ),
-                (Some((_, _, opened)), _) => gated(
-                    Arc::clone(backend),
-                    i,
-                    Arc::clone(&op),
-                    opened.clone(),
-                    Arc::downgrade(&state),
+                (Some((_, opened)), _) => (
+                    gated(
+                        Arc::clone(backend),
+                        i,
+                        Arc::clone(&op),
+                        opened.clone(),
+                        Arc::downgrade(&state),
+                    ),
+                    now + patience + budget,
                 ),
-                (None, _) => backend.call(i, Arc::clone(&op)),
+                (None, _) => (backend.call(i, Arc::clone(&op)), now + budget),
             };
-            let budget = backend.budget(i);
             calls.push(Call {
                 request: Some(handed_over(request)),
-                deadline: now + budget,
+                deadline,
                 budget,
                 settled: false,
             });
         }
         let give_up = calls.iter().map(|c| c.deadline).max().unwrap_or(now) + DELIVERY_GRACE;
-        let first = calls.iter().map(|c| c.deadline).min().unwrap_or(give_up);
+        let earliest = calls.iter().map(|c| c.deadline).min().unwrap_or(give_up);
         let driver = Driver {
             backend: Arc::clone(backend),
             state: Arc::clone(&state),
             calls,
-            timer: Box::pin(tokio::time::sleep_until(first)),
+            first_node: gate.as_ref().and(first_node),
+            timer: Box::pin(tokio::time::sleep_until(earliest)),
             give_up,
             cleanup: cleanup.clone(),
             phase: name,
@@ -521,6 +533,14 @@ impl Granted {
             .collect();
         claims.sort_by(|a, b| a.node.cmp(&b.node));
         claims
+    }
+
+    /// Whether node `i` refused (so far: its answer may still be on the way).
+    pub(crate) fn refused(&self, i: usize) -> bool {
+        lock(&self.0)
+            .slots
+            .get(i)
+            .is_some_and(|s| matches!(s.outcome, NodeOutcome::Refused))
     }
 }
 
@@ -746,6 +766,9 @@ struct Driver<B: Backend> {
     backend: Arc<B>,
     state: Arc<Mutex<State>>,
     calls: Vec<Call>,
+    /// The node asked first, whose answer may open the gate for the others: polled before
+    /// them, so that they are sent in the same pass (in program order, ahead of any release).
+    first_node: Option<usize>,
     timer: Pin<Box<Sleep>>,
     /// The grace after the last deadline.
     give_up: Instant,
@@ -780,7 +803,11 @@ impl<B: Backend> Future for Driver<B> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
         let mut out = 0;
-        for i in 0..this.calls.len() {
+        let (n, first) = (this.calls.len(), this.first_node);
+        let order = first
+            .into_iter()
+            .chain((0..n).filter(move |&i| Some(i) != first));
+        for i in order {
             let Some(request) = this.calls[i].request.as_mut() else {
                 continue;
             };

@@ -70,6 +70,8 @@ struct FakeBackend {
     names: Vec<Arc<str>>,
     behaviour: Vec<Behaviour>,
     data: Vec<Arc<Mutex<NodeData>>>,
+    /// Per node: its budget (a node whose connection is being opened gets a longer one).
+    budgets: Vec<Duration>,
 }
 
 impl FakeBackend {
@@ -79,6 +81,7 @@ impl FakeBackend {
                 .map(|i| Arc::from(format!("fake{i}")))
                 .collect(),
             behaviour: behaviour.to_vec(),
+            budgets: vec![NODE_TIMEOUT; behaviour.len()],
             data: (0..behaviour.len())
                 .map(|i| {
                     Arc::new(Mutex::new(NodeData {
@@ -170,8 +173,8 @@ impl Backend for FakeBackend {
         &self.names[i]
     }
 
-    fn budget(&self, _: usize) -> Duration {
-        NODE_TIMEOUT
+    fn budget(&self, i: usize) -> Duration {
+        self.budgets[i]
     }
 
     fn extend_many(
@@ -263,6 +266,17 @@ fn combos(n: usize) -> Vec<Vec<Behaviour>> {
 /// Lets every in-flight request, late answer and background cleanup finish.
 async fn settle() {
     tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
+/// An acquire of key "k" with a fresh token.
+fn fresh_acquire() -> Arc<Op> {
+    Arc::new(Op::Acquire {
+        stamped: false,
+        keys: Arc::from(vec!["k".to_owned()]),
+        token: crate::token::Token::random().unwrap(),
+        ttl_ms: 10_000,
+        rearm: false,
+    })
 }
 
 /// The first node of a racing attempt on resource "r".
@@ -459,6 +473,12 @@ async fn a_contended_attempt_asks_one_node_first() {
         "{elapsed:?}"
     );
 
+    // The first node fails: the others are asked at once.
+    let (result, elapsed, asked) = attempt(with_first(Fail)).await;
+    assert!(result.is_ok(), "the other four grant");
+    assert_eq!(asked, vec![1; 5]);
+    assert!(elapsed < Duration::from_millis(5), "{elapsed:?}");
+
     // One node: nothing to split, its answer decides alone.
     assert_eq!(self::first(&FakeBackend::new(&[Grant; 1])), None);
 }
@@ -564,13 +584,7 @@ async fn a_phase_polled_after_a_stall_records_the_silent_nodes() {
         Behaviour::Hang,
         Behaviour::Hang,
     ]));
-    let op = Arc::new(Op::Acquire {
-        stamped: false,
-        keys: Arc::from(vec!["k".to_owned()]),
-        token: crate::token::Token::random().unwrap(),
-        ttl_ms: 10_000,
-        rearm: false,
-    });
+    let op = fresh_acquire();
     let mut phase = Phase::start(&backend, PhaseName::Acquire, op, Goal::Quorum, None, None);
     tokio::time::advance(NODE_TIMEOUT + DELIVERY_GRACE + Duration::from_secs(1)).await;
     let d = tokio::time::timeout(Duration::from_secs(10), phase.decided())
@@ -583,5 +597,82 @@ async fn a_phase_polled_after_a_stall_records_the_silent_nodes() {
         d.count(|o| matches!(o, NodeOutcome::TimedOut { .. })) >= 1,
         "{:?}",
         d.outcomes
+    );
+}
+
+/// The first node's connection is being opened, so its budget is longer than the others'
+/// (node timeout + connect allowance): the others are still asked in time, and each keeps its
+/// whole budget from when it was asked. (A client does not pick such a node first; the engine
+/// must cope when it becomes one after the pick.)
+#[tokio::test(start_paused = true)]
+async fn a_first_node_with_a_longer_budget_does_not_time_the_others_out() {
+    use Behaviour::*;
+    let mut backend = FakeBackend::new(&[Grant; 5]);
+    let f = first(&backend).expect("five nodes");
+    backend.behaviour[f] = Hang;
+    backend.budgets[f] = NODE_TIMEOUT * 5;
+    let backend = Arc::new(backend);
+    let op = fresh_acquire();
+    let first = First {
+        node: f,
+        missed: Box::new(|| {}),
+    };
+    let mut phase = Phase::start(
+        &backend,
+        PhaseName::Acquire,
+        op,
+        Goal::Quorum,
+        None,
+        Some(first),
+    );
+    let d = phase.decided().await;
+    assert!(d.success, "four nodes grant: {:?}", d.outcomes);
+
+    // Nor does the client pick it: its request would wait for the connection.
+    let config = Config {
+        ttl: Duration::from_secs(1),
+        node_timeout: NODE_TIMEOUT,
+        retry: RetryPolicy::once(),
+        ..Config::default()
+    };
+    let mut backend = FakeBackend::new(&[Grant; 5]);
+    backend.budgets[f] = NODE_TIMEOUT * 5;
+    let core = Core::new(config, backend, None);
+    let picked = core.first_node_index("r").expect("four open nodes");
+    assert_ne!(picked, f);
+}
+
+/// A first node that refuses while a quorum of the others grants holds a key nobody else
+/// does (a release or cleanup missed it): racing through it would refuse every racer until the
+/// key expires. A client that sees this passes the node over.
+#[tokio::test(start_paused = true)]
+async fn a_first_node_refusing_against_a_quorum_is_passed_over() {
+    use Behaviour::*;
+    let mut backend = FakeBackend::new(&[Grant; 5]);
+    let first = first(&backend).expect("five nodes");
+    backend.behaviour[first] = Refuse;
+    let config = Config {
+        ttl: Duration::from_secs(1),
+        node_timeout: NODE_TIMEOUT,
+        retry: RetryPolicy::once(),
+        ..Config::default()
+    };
+    let core = Core::new(config, backend, None);
+    let (resources, keys) = core.keys(vec!["r".into()]).expect("valid resource");
+    // An attempt that does not race asks every node, and wins four.
+    let token = crate::token::Token::random().expect("entropy");
+    let lock = core
+        .attempt(&resources, &keys, token, false, core.terms(), false)
+        .await
+        .expect("four nodes grant");
+    core.release(lock).await.expect("released");
+    // A racing attempt now goes through another node.
+    let token = crate::token::Token::random().expect("entropy");
+    let result = core
+        .attempt(&resources, &keys, token, false, core.terms(), true)
+        .await;
+    assert!(
+        result.is_ok(),
+        "racing through the refusing node: {result:?}"
     );
 }
