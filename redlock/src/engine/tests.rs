@@ -31,6 +31,9 @@ enum Behaviour {
     Late,
     /// Never answers and never applies anything (dead or partitioned).
     Hang,
+    /// Applies and answers at once, on the request's first poll (no real node does; not in
+    /// the matrix).
+    AtOnce,
 }
 
 const ALL: [Behaviour; 6] = [
@@ -45,6 +48,7 @@ const ALL: [Behaviour; 6] = [
 impl Behaviour {
     fn latency(self) -> Option<Duration> {
         match self {
+            Self::AtOnce => Some(Duration::ZERO),
             Self::Grant | Self::Refuse | Self::Fail => Some(Duration::from_millis(1)),
             Self::Slow => Some(Duration::from_millis(20)),
             Self::Late => Some(Duration::from_millis(80)),
@@ -210,6 +214,10 @@ impl Backend for FakeBackend {
         let Some(latency) = behaviour.latency() else {
             return futures_util::future::pending().boxed();
         };
+        if behaviour == Behaviour::AtOnce {
+            let reply = apply(&mut data.lock().unwrap(), &op, false);
+            return futures_util::future::ready(Ok(reply)).boxed();
+        }
         // Fix the apply time now, in call order, like a pipelined connection does.
         let apply_at = {
             let mut d = data.lock().unwrap();
@@ -675,4 +683,32 @@ async fn a_first_node_refusing_against_a_quorum_is_passed_over() {
         result.is_ok(),
         "racing through the refusing node: {result:?}"
     );
+}
+
+/// The gated nodes are asked in the driver's pass that opens the gate, whatever their index:
+/// with nodes that answer at once, those after the first node in index order could otherwise
+/// reach the quorum in that pass while those before it were not asked yet, and the release
+/// that follows would reach those before the acquire did, leaving the key there.
+#[tokio::test(start_paused = true)]
+async fn gated_nodes_are_asked_in_the_pass_that_opens_the_gate() {
+    use Behaviour::*;
+    let probe = FakeBackend::new(&[Grant; 5]);
+    let resource = (0..1000)
+        .map(|k| format!("r{k}"))
+        .find(|r| first_node(probe.names.iter().map(|n| &**n), r, |_| true) == Some(1))
+        .expect("a resource whose first node is node 1");
+    let core = core(
+        &[Grant, Grant, AtOnce, AtOnce, AtOnce],
+        Duration::from_secs(1),
+    );
+    let (resources, keys) = core.keys(vec![resource]).expect("valid resource");
+    let token = crate::token::Token::random().expect("entropy");
+    let lock = core
+        .attempt(&resources, &keys, token, false, core.terms(), true)
+        .await
+        .expect("acquired");
+    let token = lock.token().expose().to_owned();
+    core.release(lock).await.expect("released");
+    settle().await;
+    assert_eq!(core.backend.holding(&token), Vec::<usize>::new());
 }
