@@ -169,10 +169,15 @@ impl<B: Backend> Core<B> {
     /// granted: it holds a key they do not (a release or cleanup missed it), and would refuse
     /// every racer until that key expires. Checked when the lock is taken and again when it is
     /// released, when the slower nodes' answers are in.
+    /// Costs nothing more than a look at the answers when no node refused (the common case).
     fn check_first_node(&self, resource: &str, granted: &engine::Granted) {
-        if self.config.race_via_first_node
+        if !self.config.race_via_first_node {
+            return;
+        }
+        let refused = granted.refused();
+        if !refused.is_empty()
             && let Some(f) = self.first_node_index(resource)
-            && granted.refused(f)
+            && refused.contains(&f)
         {
             pass_over(&self.passed_over, self.born, f);
         }

@@ -389,41 +389,49 @@ impl<B: Backend> Phase<B> {
         let state = Arc::new(Mutex::new(State::new(goal, n)));
         // Hand the requests over here, in the caller's order; the driver only polls them.
         let now = Instant::now();
-        let budgets: Vec<Duration> = (0..n).map(|i| backend.budget(i)).collect();
         let mut first = first.filter(|f| f.node < n);
         let first_node = first.as_ref().map(|f| f.node);
         // The first node's answer is awaited at most a quarter of the shortest budget (not of
         // its own, which a connection being opened lengthens), and every other node keeps its
         // whole budget from the latest moment it may be asked.
-        let patience = budgets.iter().min().copied().unwrap_or_default() / 4;
-        let gate = first.as_ref().map(|_| {
-            let (open, opened) = tokio::sync::watch::channel(Gate::Waiting);
-            (Arc::new(open), opened)
-        });
+        let patience = match first_node {
+            Some(_) => (0..n).map(|i| backend.budget(i)).min().unwrap_or_default() / 4,
+            None => Duration::ZERO,
+        };
+        let (mut open, opened) = match first_node {
+            Some(_) => {
+                let (open, opened) = tokio::sync::watch::channel(Gate::Waiting);
+                (Some(open), Some(opened))
+            }
+            None => (None, None),
+        };
         let mut calls = Vec::with_capacity(n);
-        for (i, &budget) in budgets.iter().enumerate() {
-            let (request, deadline) = match (&gate, first.take_if(|f| f.node == i)) {
-                (Some((open, _)), Some(f)) => (
-                    first_call(
-                        backend.call(i, Arc::clone(&op)),
-                        Arc::clone(open),
-                        now + patience,
-                        now + budget,
-                        f.missed,
-                    ),
-                    now + budget,
-                ),
-                (Some((_, opened)), _) => (
-                    gated(
+        for i in 0..n {
+            let budget = backend.budget(i);
+            let (request, deadline) = match (first.take_if(|f| f.node == i), &opened) {
+                (Some(f), _) => {
+                    let call = backend.call(i, Arc::clone(&op));
+                    // One gate for the one first node.
+                    let request = match open.take() {
+                        Some(open) => {
+                            first_call(call, open, now + patience, now + budget, f.missed)
+                        }
+                        None => call,
+                    };
+                    (request, now + budget)
+                }
+                (None, Some(opened)) => {
+                    let weak = Arc::downgrade(&state);
+                    let request = gated(
                         Arc::clone(backend),
                         i,
                         Arc::clone(&op),
                         opened.clone(),
-                        Arc::downgrade(&state),
-                    ),
-                    now + patience + budget,
-                ),
-                (None, _) => (backend.call(i, Arc::clone(&op)), now + budget),
+                        weak,
+                    );
+                    (request, now + patience + budget)
+                }
+                (None, None) => (backend.call(i, Arc::clone(&op)), now + budget),
             };
             calls.push(Call {
                 request: Some(handed_over(request)),
@@ -438,7 +446,7 @@ impl<B: Backend> Phase<B> {
             backend: Arc::clone(backend),
             state: Arc::clone(&state),
             calls,
-            first_node: gate.as_ref().and(first_node),
+            first_node,
             timer: Box::pin(tokio::time::sleep_until(earliest)),
             give_up,
             cleanup: cleanup.clone(),
@@ -535,12 +543,13 @@ impl Granted {
         claims
     }
 
-    /// Whether node `i` refused (so far: its answer may still be on the way).
-    pub(crate) fn refused(&self, i: usize) -> bool {
-        lock(&self.0)
-            .slots
-            .get(i)
-            .is_some_and(|s| matches!(s.outcome, NodeOutcome::Refused))
+    /// The nodes that refused so far (their answers may still be on the way), in node order;
+    /// no allocation when none did.
+    pub(crate) fn refused(&self) -> Vec<usize> {
+        let st = lock(&self.0);
+        (0..st.slots.len())
+            .filter(|&i| matches!(st.slots[i].outcome, NodeOutcome::Refused))
+            .collect()
     }
 }
 
@@ -621,18 +630,18 @@ pub(crate) fn first_node<'a>(
         }
         h
     }
-    let scored: Vec<(usize, u64)> = names
-        .enumerate()
-        .map(|(i, name)| (i, fnv(&[name.as_bytes(), b"\n", resource.as_bytes()])))
-        .collect();
-    if scored.len() < 2 {
-        return None;
+    let mut nodes = 0;
+    let mut best: Option<(usize, u64)> = None;
+    for (i, name) in names.enumerate() {
+        nodes += 1;
+        if usable(i) {
+            let h = fnv(&[name.as_bytes(), b"\n", resource.as_bytes()]);
+            if best.is_none_or(|(_, top)| h > top) {
+                best = Some((i, h));
+            }
+        }
     }
-    scored
-        .into_iter()
-        .filter(|&(i, _)| usable(i))
-        .max_by_key(|&(_, h)| h)
-        .map(|(i, _)| i)
+    best.filter(|_| nodes >= 2).map(|(i, _)| i)
 }
 
 /// The node an attempt asks first (see [`Phase::start`]).
@@ -655,7 +664,7 @@ enum Gate {
 /// Calls `missed` when the node fails or has not answered by `deadline`, its budget.
 fn first_call(
     mut call: BoxFuture<'static, Result<Reply, NodeError>>,
-    open: Arc<tokio::sync::watch::Sender<Gate>>,
+    open: tokio::sync::watch::Sender<Gate>,
     patience: Instant,
     deadline: Instant,
     missed: Box<dyn FnOnce() + Send>,
