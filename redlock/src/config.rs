@@ -105,8 +105,9 @@ pub struct Config {
     /// other node; granted there, it asks the rest. This keeps racers from splitting the nodes'
     /// votes so that none reaches a quorum, and spares the nodes the losers' requests, for one
     /// more round trip on the winner's acquire. When that node has not answered within a
-    /// quarter of the node timeout, the others are asked anyway; a node that fails, misses its
-    /// whole budget, or refuses while a quorum of the others grants is passed over for 10 s.
+    /// quarter of the node timeout, the others are asked anyway; a node that fails or misses its
+    /// whole budget is passed over for 10 s, one that refuses while a quorum of the others
+    /// grants for 1 s.
     /// Uncontended acquires always ask every node at once. Default: `true`.
     pub race_via_first_node: bool,
     /// How often a [`LockGuard`](crate::LockGuard) renews its lock. `None` = TTL/3. Each renewal

@@ -51,9 +51,14 @@ enum Probe {
     },
 }
 
-/// Passes node `node` over as a first node for [`PASS_OVER`] from now.
-fn pass_over(passed_over: &[std::sync::atomic::AtomicU64], born: Instant, node: usize) {
-    let until = micros_since(born, Instant::now() + PASS_OVER);
+/// Passes node `node` over as a first node for `span` from now.
+fn pass_over(
+    passed_over: &[std::sync::atomic::AtomicU64],
+    born: Instant,
+    node: usize,
+    span: Duration,
+) {
+    let until = micros_since(born, Instant::now() + span);
     passed_over[node].fetch_max(until, std::sync::atomic::Ordering::Relaxed);
 }
 
@@ -92,6 +97,15 @@ pub(crate) struct Core<B> {
 /// every hand-off. A node that is only slow keeps its place, so that clients under load still
 /// agree on the first node.
 const PASS_OVER: Duration = Duration::from_secs(10);
+
+/// How long a first node that refused a lock a quorum of the other nodes granted is passed
+/// over. The refusal may come from a key a release missed (stale until its TTL), which would
+/// refuse every racer; or from another client's racer holding that node for a moment, which
+/// only looks the same. Passing over is this client's own view, and clients that disagree on
+/// the first node split votes again; a long span let such a lookalike start a chain of them
+/// (each split's retry could see another). Short, so a lookalike costs little, and a stale
+/// key at most about one retry delay per span.
+pub(crate) const PASS_OVER_REFUSED: Duration = Duration::from_secs(1);
 
 /// A random pause of up to two round trips (or [`STAGGER_MIN`], whichever is longer), taken by
 /// a waiter woken by a release that was not handed to it: every client's waiter hears the same
@@ -179,7 +193,7 @@ impl<B: Backend> Core<B> {
             && let Some(f) = self.first_node_index(resource)
             && refused.contains(&f)
         {
-            pass_over(&self.passed_over, self.born, f);
+            pass_over(&self.passed_over, self.born, f, PASS_OVER_REFUSED);
         }
     }
 
@@ -189,7 +203,7 @@ impl<B: Backend> Core<B> {
         let (passed_over, born) = (Arc::clone(&self.passed_over), self.born);
         Some(First {
             node,
-            missed: Box::new(move || pass_over(&passed_over, born, node)),
+            missed: Box::new(move || pass_over(&passed_over, born, node, PASS_OVER)),
         })
     }
 
@@ -577,7 +591,8 @@ impl<B: Backend> Core<B> {
                             Error::Busy { granted, .. } | Error::QuorumUnreachable { granted, .. }
                                 if *granted > 0
                         );
-                        let wait = if split && quick_retries > 0 {
+                        let quick = split && quick_retries > 0;
+                        let wait = if quick {
                             quick_retries -= 1;
                             let unit: f64 = crate::det::unit();
                             (round_trip * 4).mul_f64(unit).min(pause)
@@ -595,6 +610,13 @@ impl<B: Backend> Core<B> {
                         let handed = woken && interest.as_ref().map(Interest::handoffs) != handoffs;
                         if woken {
                             quick_retries = 3;
+                        } else if quick {
+                            // The split was a race against other clients' attempts, and so is
+                            // its retry: through the first node, like theirs. Asking every node
+                            // at once can win while another racer holds the first node, which
+                            // looks like a first node holding a stale key (see
+                            // `PASS_OVER_REFUSED`).
+                            racing = true;
                         }
                         if woken && !handed && interest.as_ref().is_none_or(Interest::others_compete)
                         {
