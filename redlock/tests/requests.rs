@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{lock_keys, no_lock_keys_within};
+use common::{eventually, lock_keys, no_lock_keys_within};
 use redlock::{ConfigError, Error, Redlock, ResourceError, RetryPolicy};
 use redlock_testkit::Cluster;
 
@@ -220,14 +220,12 @@ async fn with_lock_on_many_resources_with_options() {
         .with_lock(|lease| async move {
             // The lock is held once a quorum (2 of 3) granted: node 0's grant may still be on
             // its way (seen in CI against Valkey: no key yet). It must land soon after.
-            let mut keys = Vec::new();
-            for _ in 0..50 {
-                keys = probe.keys_with_pttl("redlock:lock:many-*").await.unwrap();
-                if keys.len() == 3 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            let granted = || async {
+                let keys = probe.keys_with_pttl("redlock:lock:many-*").await.unwrap();
+                keys.len() == 3
+            };
+            eventually(Duration::from_millis(500), granted).await;
+            let keys = probe.keys_with_pttl("redlock:lock:many-*").await.unwrap();
             assert_eq!(keys.len(), 3, "{keys:?}");
             assert!(
                 keys.iter().all(|(_, pttl)| (1..=700).contains(pttl)),
