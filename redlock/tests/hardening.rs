@@ -515,3 +515,106 @@ async fn a_failed_renewal_batch_is_retried_within_the_validity() {
     assert!(guard.remaining() > Duration::from_millis(1000));
     guard.release().await.unwrap();
 }
+
+/// The node racing attempts for `resource` ask first: the highest FNV-1a hash of the node's
+/// name (`host:port/db`) and the resource, as the client ranks them.
+fn racing_first_node(cluster: &Cluster, resource: &str) -> usize {
+    let fnv = |s: &str| {
+        s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    };
+    (0..cluster.len())
+        .max_by_key(|&i| {
+            fnv(&format!(
+                "127.0.0.1:{}/0\n{resource}",
+                cluster.node(i).port()
+            ))
+        })
+        .unwrap()
+}
+
+/// A lock won by a racing attempt while the connection to a third node is being opened (that
+/// node hangs: it accepts the connection and answers nothing), then released at once. The
+/// lock's acquire and then its release wait for that connection, in order. The release phase
+/// gives up on the node before the acquire phase does (a racing phase allows its other nodes a
+/// quarter of their budget more). When the node answers in between, its grant must not stay
+/// behind: a release is sent even when nobody waits for its answer any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_waiting_for_a_connection_is_sent_after_the_grant_ahead_of_it() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let resource = "late-grant";
+    let key = format!("redlock:lock:{resource}");
+    let channel = format!("redlock:release:{resource}");
+    // j: the node whose connection will be re-opened; it must not be the one racing attempts
+    // ask first (they would wait for it).
+    let j = (racing_first_node(&cluster, resource) + 1) % 3;
+    let open: Vec<usize> = (0..3).filter(|&i| i != j).collect();
+    for &o in &open {
+        common::set(&cluster, o, &key, "foreign").await;
+    }
+    let rl = Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(30))
+        .node_timeout(Duration::from_secs(1))
+        .connect_timeout(Duration::from_secs(20))
+        .retry(
+            RetryPolicy::deadline(Duration::from_secs(60))
+                .with_delay(Duration::from_secs(10), Duration::ZERO),
+        )
+        .build()
+        .unwrap();
+    let holder = {
+        let rl = rl.clone();
+        tokio::spawn(async move {
+            let lock = rl.acquire(resource).await?;
+            let released_at = Instant::now();
+            rl.release(lock).await.map(|_| released_at)
+        })
+    };
+    let subscribed = || async { common::subscribed_nodes(&cluster, &channel).await >= 2 };
+    assert!(common::eventually(Duration::from_secs(5), subscribed).await);
+    // The waiter's second attempt follows its subscription; its third comes 10 s later.
+    let second = Instant::now();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Its third attempt finds the connection to j closed and drops it; the cleanup re-opens it
+    // against a node that hangs.
+    cluster.node(j).kill_clients().await.unwrap();
+    cluster.node(j).pause();
+    tokio::time::sleep_until((second + Duration::from_millis(10_500)).into()).await;
+    // The other owner leaves and the waiter is woken: it races, the two open nodes grant, and
+    // j's request waits for its connection; the lock is released at once.
+    for &o in &open {
+        let mut c = cluster.node(o).connection().await.unwrap();
+        let _: i64 = redlock_testkit::redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    let woken = Instant::now();
+    let mut c = cluster.node(open[0]).connection().await.unwrap();
+    let _: i64 = redlock_testkit::redis::cmd("PUBLISH")
+        .arg(&channel)
+        .arg("")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let released_at = tokio::time::timeout(Duration::from_secs(5), holder)
+        .await
+        .expect("the waiter took and released the lock")
+        .unwrap()
+        .unwrap();
+    assert!(
+        released_at - woken < Duration::from_secs(1),
+        "the race waited for the hung node: {:?}",
+        released_at - woken
+    );
+    // Not open, j's budget is 5 s: the release gives up on it 6 s after it was made, the
+    // acquire 6.25 s after the race began. Let j answer in between.
+    tokio::time::sleep_until((woken + Duration::from_millis(6120)).into()).await;
+    cluster.node(j).resume();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let left = common::get(&cluster, j, &key).await;
+    assert_eq!(left, None, "node {j} kept the released lock's key");
+}

@@ -253,7 +253,18 @@ impl RedisNode {
     /// after it. The caller waits for the connection only as long as it waits for the answer
     /// (its node timeout); the opening goes on in the background, bounded by the connect
     /// timeout.
-    fn with_live<T, F>(self: &Arc<Self>, request: F) -> BoxFuture<'static, Result<T, NodeError>>
+    ///
+    /// A queued request nobody waits for any more is not sent, unless it `must_reach` the node:
+    /// a release (or the cleanup of an abandoned attempt) may undo a grant queued ahead of it,
+    /// and the phase that made that grant may wait for it longer than the release's phase waits
+    /// (a racing attempt allows its other nodes more time), so a grant could land with nothing
+    /// left to remove it. Releases are owner-checked: one sent late deletes only what is still
+    /// ours.
+    fn with_live<T, F>(
+        self: &Arc<Self>,
+        must_reach: bool,
+        request: F,
+    ) -> BoxFuture<'static, Result<T, NodeError>>
     where
         T: Send + 'static,
         F: FnOnce(Live) -> BoxFuture<'static, Result<T, NodeError>> + Send + 'static,
@@ -271,17 +282,22 @@ impl RedisNode {
         slot.queue
             .push_back(Box::new(move |conn: Result<Live, NodeError>| {
                 // Nobody waits for this request any more (its phase gave up on it after its
-                // budget and delivery grace): do not send it. Requests behind it were made later
-                // and are given up later, so a cleanup is not skipped while the grant it undoes
-                // is sent.
-                if tx.is_closed() {
+                // budget and delivery grace): an acquire or extension not sent changes nothing.
+                if tx.is_closed() && !must_reach {
                     return;
                 }
                 let call = match conn {
                     Ok(live) => engine::handed_over(request(live)),
                     Err(e) => engine::Handed::answered(Err(e)),
                 };
-                let _ = tx.send(call);
+                if let Err(call) = tx.send(call)
+                    && must_reach
+                    && let Ok(rt) = tokio::runtime::Handle::try_current()
+                {
+                    // Dropping the call now could still keep it off the wire (the connection
+                    // skips a command whose caller is gone before it is written): see it through.
+                    drop(rt.spawn(tokio::time::timeout(engine::DELIVERY_GRACE, call)));
+                }
             }));
         let open = !std::mem::replace(&mut slot.opening, true);
         drop(slot);
@@ -352,7 +368,8 @@ impl RedisNode {
 
     /// Opens the connection now (if it is not open), waiting for the outcome.
     pub(crate) async fn connect(self: &Arc<Self>) -> Result<(), NodeError> {
-        self.with_live(|_| future::ready(Ok(())).boxed()).await
+        self.with_live(false, |_| future::ready(Ok(())).boxed())
+            .await
     }
 
     /// Connects, preloads the scripts, reads (or creates) the server's identity record and,
@@ -624,7 +641,8 @@ impl RedisNode {
         op: Arc<Op>,
     ) -> BoxFuture<'static, Result<Reply, NodeError>> {
         let node = Arc::clone(self);
-        self.with_live(move |live| node.submit(live, op))
+        let release = matches!(*op, Op::Release { .. });
+        self.with_live(release, move |live| node.submit(live, op))
     }
 
     async fn request(self: &Arc<Self>, live: Live, op: &Op) -> Result<Reply, NodeError> {
@@ -774,7 +792,7 @@ impl RedisNode {
         key: Arc<str>,
     ) -> BoxFuture<'static, Result<Option<Duration>, NodeError>> {
         let node = Arc::clone(self);
-        self.with_live(move |live| {
+        self.with_live(false, move |live| {
             async move {
                 let mut conn = live.conn.clone();
                 let ms: i64 = redis::cmd("PTTL")
@@ -798,7 +816,7 @@ impl RedisNode {
         batch: Arc<Batch>,
     ) -> BoxFuture<'static, Result<Vec<Renewed>, NodeError>> {
         let node = Arc::clone(self);
-        self.with_live(move |live| node.submit_renewal(live, batch))
+        self.with_live(false, move |live| node.submit_renewal(live, batch))
     }
 
     async fn extend_many_on(&self, live: Live, batch: &Batch) -> Result<Vec<Renewed>, NodeError> {
