@@ -211,7 +211,7 @@ impl Settings {
                 | ConfigError::DuplicateName { .. }
                 | ConfigError::Tls(_) => self.nodes_source,
                 ConfigError::SameServer { .. } => Source::File,
-                ConfigError::InvalidKeyPrefix(_) => self
+                ConfigError::InvalidKeyPrefix(_) | ConfigError::OverlappingKeyPrefix(_) => self
                     .key_prefix
                     .as_ref()
                     .map_or(Source::CommandLine, |(_, s)| *s),

@@ -107,6 +107,13 @@ impl RedlockBuilder {
     }
 
     /// Prefix of every key. Default: [`DEFAULT_KEY_PREFIX`](crate::DEFAULT_KEY_PREFIX).
+    ///
+    /// At most 64 printable ASCII characters without spaces, empty or ending with a character
+    /// that is not a letter or digit (`"myapp:"`), and without `lock:` as a segment of its own
+    /// (`"myapp:lock:"`): otherwise another client's prefix could make one of its keys ours —
+    /// with `app:` and `app:lock:` on the same servers, one client's stamp key would be the
+    /// other's lock key of the resource `stamp`. `build` refuses others with
+    /// [`ConfigError::OverlappingKeyPrefix`](crate::ConfigError::OverlappingKeyPrefix).
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.config.key_prefix = prefix.into();
         self
@@ -336,10 +343,27 @@ fn validate(c: &Config) -> Result<(), Error> {
     if !prefix_ok {
         return Err(ConfigError::InvalidKeyPrefix(c.key_prefix.clone()).into());
     }
+    if !prefix_is_separated(&c.key_prefix) {
+        return Err(ConfigError::OverlappingKeyPrefix(c.key_prefix.clone()).into());
+    }
     if c.max_resource_len == 0 {
         return Err(ConfigError::InvalidMaxResourceLen.into());
     }
     Ok(())
+}
+
+/// Whether no other prefix that passes this check can make its keys collide with this one's.
+///
+/// A client writes `<p>node`, `<p>stamp` and `<p>lock:<resource>`. Another client's key equals
+/// one of these only if one prefix is the other followed by `lock:` (then its records are the
+/// first client's lock keys, or both share lock keys under different resource names). That
+/// cannot happen when every prefix is empty or ends with a byte that is not a letter or digit,
+/// and has no `lock:` at its start or right after such a byte.
+fn prefix_is_separated(p: &str) -> bool {
+    let b = p.as_bytes();
+    let ends = b.last().is_none_or(|c| !c.is_ascii_alphanumeric());
+    let segment = |i: usize| i == 0 || !b[i - 1].is_ascii_alphanumeric();
+    ends && !p.match_indices("lock:").any(|(i, _)| segment(i))
 }
 
 /// Where a client keeps its records on every node, and how it treats restarts.

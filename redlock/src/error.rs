@@ -622,6 +622,14 @@ pub enum ConfigError {
         "key prefix {0:?} is invalid: use at most 64 printable ASCII characters without spaces"
     )]
     InvalidKeyPrefix(String),
+    /// The key prefix could make this client's keys another client's: it does not end with a
+    /// separator, or it has `lock:` as a segment of its own. With prefixes `app:` and
+    /// `app:lock:` on the same servers, one client's stamp key would be the other's lock key of
+    /// the resource `stamp`, which would then never expire.
+    #[error(
+        "key prefix {0:?} could share keys with another client's prefix: end it with a character that is not a letter or digit (such as ':') and do not use `lock:` as a segment of it (e.g. \"myapp:\", not \"myapp\" or \"myapp:lock:\")"
+    )]
+    OverlappingKeyPrefix(String),
     /// A lease setting (renewal interval, max hold, quarantine) is unusable.
     #[error("lease setting: {0}")]
     InvalidLease(String),

@@ -72,6 +72,36 @@ fn configuration_errors_are_typed() {
     ));
 }
 
+/// Two clients on the same servers whose prefixes nest (`app:` and `app:lock:`) would share
+/// keys: the second one's stamp key is the first one's lock key of the resource `stamp`, which
+/// its stamp writes then leave without a TTL (seen on real servers: the first client could
+/// never take `stamp` again). Prefixes that could be one half of such a pair are refused.
+#[test]
+fn key_prefixes_that_could_share_keys_with_another_clients_are_refused() {
+    for bad in ["app:lock:", "lock:", "app", "red", "a:lock:b:", "x/lock:"] {
+        match config_err(build(|b| b.key_prefix(bad))) {
+            ConfigError::OverlappingKeyPrefix(p) => assert_eq!(p, bad),
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+    let good = [
+        "",
+        "redlock:",
+        "app:",
+        "app:locks:",
+        "app:unlock:",
+        "my_app.",
+        "a/b/",
+    ];
+    for ok in good {
+        if let Err(e) = build(|b| b.key_prefix(ok)) {
+            panic!("{ok:?} refused: {e}");
+        }
+    }
+    let message = config_err(build(|b| b.key_prefix("app:lock:"))).to_string();
+    assert!(message.contains("\"myapp:\""), "{message}");
+}
+
 #[test]
 fn malformed_and_duplicate_urls_are_rejected_without_echoing_passwords() {
     for bad in [
