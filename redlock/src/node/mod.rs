@@ -3,8 +3,11 @@
 //! its uptime), requests handed over in program order, and error messages scrubbed of secrets.
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use futures_util::FutureExt;
@@ -135,6 +138,42 @@ impl Opener {
     /// The opening is over and the queue handed over; nothing to undo.
     fn finish(&mut self) {
         self.finished = true;
+    }
+}
+
+/// A release on its way to a node. Dropped before its answer — its phase stopped waiting for
+/// the node, or the cleanup's grace ran out just after the request was handed to the connection
+/// — it is driven on in a task of its own for [`engine::DELIVERY_GRACE`] more: the connection
+/// skips a command whose caller is gone before the command is written, and a release skipped
+/// that way leaves the grant it should delete until its TTL.
+struct SeenThrough(Option<BoxFuture<'static, Result<Reply, NodeError>>>);
+
+impl SeenThrough {
+    fn boxed(
+        call: BoxFuture<'static, Result<Reply, NodeError>>,
+    ) -> BoxFuture<'static, Result<Reply, NodeError>> {
+        Box::pin(Self(Some(call)))
+    }
+}
+
+impl Future for SeenThrough {
+    type Output = Result<Reply, NodeError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(call) = self.0.as_mut() else {
+            return Poll::Pending;
+        };
+        let answer = ready!(call.as_mut().poll(cx));
+        self.0 = None;
+        Poll::Ready(answer)
+    }
+}
+
+impl Drop for SeenThrough {
+    fn drop(&mut self) {
+        if let (Some(call), Ok(rt)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+            drop(rt.spawn(tokio::time::timeout(engine::DELIVERY_GRACE, call)));
+        }
     }
 }
 
@@ -290,14 +329,9 @@ impl RedisNode {
                     Ok(live) => engine::handed_over(request(live)),
                     Err(e) => engine::Handed::answered(Err(e)),
                 };
-                if let Err(call) = tx.send(call)
-                    && must_reach
-                    && let Ok(rt) = tokio::runtime::Handle::try_current()
-                {
-                    // Dropping the call now could still keep it off the wire (the connection
-                    // skips a command whose caller is gone before it is written): see it through.
-                    drop(rt.spawn(tokio::time::timeout(engine::DELIVERY_GRACE, call)));
-                }
+                // Dropped unanswered, a request that must reach the node is seen through (see
+                // `RedisNode::run`).
+                let _ = tx.send(call);
             }));
         let open = !std::mem::replace(&mut slot.opening, true);
         drop(slot);
@@ -641,8 +675,10 @@ impl RedisNode {
         op: Arc<Op>,
     ) -> BoxFuture<'static, Result<Reply, NodeError>> {
         let node = Arc::clone(self);
-        let release = matches!(*op, Op::Release { .. });
-        self.with_live(release, move |live| node.submit(live, op))
+        if matches!(*op, Op::Release { .. }) {
+            return self.with_live(true, move |live| SeenThrough::boxed(node.submit(live, op)));
+        }
+        self.with_live(false, move |live| node.submit(live, op))
     }
 
     async fn request(self: &Arc<Self>, live: Live, op: &Op) -> Result<Reply, NodeError> {
@@ -985,5 +1021,63 @@ impl Backend for RedisBackend {
 
     fn misconfigured(&self) -> Option<ConfigError> {
         self.identities.conflict()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Wake;
+    use redlock_testkit::Cluster;
+
+    /// A release whose caller stops waiting right after handing it to the connection (a
+    /// cleanup whose grace ran out, a release phase that gave up on the node) still deletes
+    /// its key. The connection skips a command whose caller is gone before it is written; on a
+    /// current-thread runtime the connection's task cannot write it before the drop.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_release_dropped_once_handed_to_the_connection_still_reaches_the_node() {
+        let cluster = Cluster::start(1).await.unwrap();
+        let spec = NodeSpec::parse(&cluster.urls()[0], None).unwrap();
+        let keys = NodeKeys {
+            identity: "redlock:node".into(),
+            stamp: "redlock:stamp".into(),
+            quarantine: None,
+        };
+        let identities = Arc::new(Identities::new(vec!["n".into()]));
+        let node = RedisNode::new(0, &spec, Duration::from_secs(1), None, keys, identities);
+        let node = Arc::new(node.unwrap());
+        node.connect().await.unwrap();
+        let token = Token::random().unwrap();
+        let key = "redlock:lock:dropped";
+        let mut probe = cluster.node(0).connection().await.unwrap();
+        let () = redis::cmd("SET")
+            .arg(key)
+            .arg(token.expose())
+            .query_async(&mut probe)
+            .await
+            .unwrap();
+        let release = Arc::new(Op::Release {
+            keys: vec![key.to_owned()].into(),
+            token,
+            channels: Vec::new().into(),
+            wake: Wake::NONE,
+        });
+        drop(engine::handed_over(node.run(release)));
+        let deadline = Instant::now() + Duration::from_secs(1);
+        loop {
+            let left: Option<String> = redis::cmd("GET")
+                .arg(key)
+                .query_async(&mut probe)
+                .await
+                .unwrap();
+            if left.is_none() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the release never reached the node"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }
