@@ -618,3 +618,134 @@ async fn a_release_waiting_for_a_connection_is_sent_after_the_grant_ahead_of_it(
     let left = common::get(&cluster, j, &key).await;
     assert_eq!(left, None, "node {j} kept the released lock's key");
 }
+
+/// xorshift64: the test's random choices, reproducible per task.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Hot keys, several clients (racing through a first node, batches, local hand-offs), and
+/// callers that give up at random moments: acquires dropped mid-attempt, extensions and releases
+/// dropped mid-way. No two validity windows the clients were told of overlap, and no lock key is
+/// left once every cleanup and release had its budget and grace (they reach every node even
+/// when nobody waits for them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_callers_on_hot_keys_leave_nothing_behind() {
+    let cluster = Cluster::start(3).await.expect("cluster");
+    let clients: Vec<Redlock> = (0..3)
+        .map(|_| {
+            Redlock::builder()
+                .nodes(cluster.urls())
+                .ttl(Duration::from_secs(20))
+                .node_timeout(Duration::from_millis(200))
+                .retry(
+                    RetryPolicy::deadline(Duration::from_millis(400))
+                        .with_delay(Duration::from_millis(20), Duration::from_millis(10)),
+                )
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let windows = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let stop = Instant::now() + Duration::from_secs(8);
+    let mut tasks = Vec::new();
+    for (c, rl) in clients.iter().enumerate() {
+        for t in 0..10u64 {
+            let rl = rl.clone();
+            let windows = std::sync::Arc::clone(&windows);
+            tasks.push(tokio::spawn(async move {
+                let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((c as u64) << 32 | t) | 1);
+                let (mut won, mut cancelled) = (0u32, 0u32);
+                while Instant::now() < stop {
+                    let r = format!("hot{}", rng.below(2));
+                    let cancel_after = Duration::from_micros(rng.below(30_000));
+                    let got = if rng.below(4) == 0 {
+                        tokio::time::timeout(cancel_after, rl.try_acquire(&r)).await
+                    } else {
+                        tokio::time::timeout(cancel_after, rl.acquire(&r)).await
+                    };
+                    let mut lock = match got {
+                        Ok(Ok(lock)) => lock,
+                        Ok(Err(_)) => continue,
+                        Err(_) => {
+                            cancelled += 1;
+                            continue;
+                        }
+                    };
+                    let start = std::time::Instant::now();
+                    won += 1;
+                    tokio::time::sleep(Duration::from_micros(rng.below(3_000))).await;
+                    if rng.below(3) == 0 {
+                        // An extension (native SET IFEQ where the server has it), maybe cut short.
+                        let cut = Duration::from_micros(rng.below(4_000));
+                        let _ = tokio::time::timeout(cut, rl.extend(&mut lock)).await;
+                    }
+                    let valid_until = lock.valid_until();
+                    let end = std::time::Instant::now().min(valid_until);
+                    windows.lock().unwrap().push((r.clone(), start, end));
+                    if rng.below(3) == 0 {
+                        let cut = Duration::from_micros(rng.below(2_000));
+                        let _ = tokio::time::timeout(cut, rl.release(lock)).await;
+                    } else {
+                        let _ = rl.release(lock).await;
+                    }
+                }
+                (won, cancelled)
+            }));
+        }
+    }
+    let (mut won, mut cancelled) = (0, 0);
+    for t in tasks {
+        let (w, c) = t.await.unwrap();
+        won += w;
+        cancelled += c;
+    }
+    eprintln!("won {won}, cancelled {cancelled}");
+    let mut w = windows.lock().unwrap().clone();
+    w.sort_by_key(|(r, s, _)| (r.clone(), *s));
+    let mut overlaps = Vec::new();
+    let mut reach: Option<(String, std::time::Instant)> = None;
+    for (r, s, e) in &w {
+        match &mut reach {
+            Some((rr, end)) if rr == r => {
+                if s < end {
+                    overlaps.push((r.clone(), *end - *s));
+                }
+                *end = (*end).max(*e);
+            }
+            _ => reach = Some((r.clone(), *e)),
+        }
+    }
+    assert!(
+        overlaps.is_empty(),
+        "{} overlapping holders: {:?}",
+        overlaps.len(),
+        &overlaps[..overlaps.len().min(5)]
+    );
+    // Every cleanup and release has had its node budget and the delivery grace by now.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut left = Vec::new();
+    for i in 0..3 {
+        for (k, pttl) in cluster
+            .node(i)
+            .keys_with_pttl("redlock:lock:*")
+            .await
+            .unwrap()
+        {
+            left.push((i, k, pttl));
+        }
+    }
+    assert!(
+        left.is_empty(),
+        "lock keys left behind (node, key, PTTL ms): {left:?}"
+    );
+}
