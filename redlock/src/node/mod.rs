@@ -738,12 +738,18 @@ impl RedisNode {
                         cmd
                     }
                 };
-                // With the delete, how many subscribers the wake-up will reach (best effort,
-                // like the wake-up: an error there does not fail the release).
+                // The wake-up goes in the same round trip as the delete, as in the release
+                // script: other clients' waiters hear of the release when this client's answers
+                // arrive, not one round trip later (by then this client's own waiter, woken at
+                // once, would have reached every node ahead of them). Unlike the script, it is
+                // sent even when the delete found nothing (the lock had expired, or another
+                // holder has it): waiters woken for nothing are refused and wait again. Best
+                // effort, like the script's: an error there does not fail the release. Its
+                // answer is how many subscribers the wake-up reached.
                 let mut pipe = redis::pipe();
                 pipe.ignore_errors().add_command(cmd);
                 if let Some(channel) = channels.first() {
-                    pipe.cmd("PUBSUB").arg("NUMSUB").arg(&**channel);
+                    pipe.cmd("PUBLISH").arg(&**channel).arg(wake.message());
                 }
                 let answers: Vec<redis::RedisResult<redis::Value>> = pipe
                     .query_async(&mut conn)
@@ -761,30 +767,9 @@ impl RedisNode {
                     }
                 };
                 let heard = match answers.next() {
-                    Some(Ok(redis::Value::Array(pair))) => match pair.as_slice() {
-                        [_, redis::Value::Int(n)] => u32::try_from(*n).ok(),
-                        _ => None,
-                    },
+                    Some(Ok(redis::Value::Int(n))) => u32::try_from(n).ok(),
                     _ => None,
                 };
-                if deleted > 0
-                    && let Some(channel) = channels.first()
-                {
-                    // The wake-up follows the delete, best effort, as in the release script.
-                    let publish = redis::cmd("PUBLISH")
-                        .arg(&**channel)
-                        .arg(wake.message())
-                        .to_owned();
-                    let call = engine::handed_over(
-                        async move {
-                            let _: redis::RedisResult<i64> = publish.query_async(&mut conn).await;
-                        }
-                        .boxed(),
-                    );
-                    if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                        rt.spawn(call);
-                    }
-                }
                 Ok(Reply::released(deleted, heard))
             }
             Op::Extend {
