@@ -465,7 +465,7 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
                 report.hot_key.push(HotKeyRow {
                     n,
                     implementation: which,
-                    clients: if shared { 1 } else { scenarios::CONTENDERS },
+                    clients: if shared { 1 } else { report::CONTENDERS },
                     result,
                 });
                 pb.inc(1);

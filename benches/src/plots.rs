@@ -275,7 +275,7 @@ pub(crate) fn write_all(report: &Report, dir: &Path) -> Result<Vec<String>, Benc
         let series: Vec<(Impl, Vec<Bar>)> = Impl::ALL
             .iter()
             .map(|w| {
-                let bars = [crate::scenarios::CONTENDERS, 1]
+                let bars = [crate::report::CONTENDERS, 1]
                     .iter()
                     .map(|clients| {
                         let h = report

@@ -8,7 +8,10 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::impls::Impl;
-use crate::scenarios::CONTENDERS;
+
+/// Contenders of the hot-key scenario (separate clients; the shared-client variant runs as
+/// many tasks of one client). The report looks its rows up by this count.
+pub(crate) const CONTENDERS: usize = 8;
 
 /// A latency histogram in nanoseconds, 1 ns .. 120 s, 3 significant digits.
 pub(crate) fn histogram() -> Histogram<u64> {

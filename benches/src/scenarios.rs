@@ -14,7 +14,8 @@ use tokio::sync::{Semaphore, watch};
 use crate::counters;
 use crate::impls::{Client, Impl, OnWin, Setup};
 use crate::report::{
-    FaultRow, HeldResult, HotKeyResult, Latency, LatencyRow, ThroughputRow, histogram, record,
+    CONTENDERS, FaultRow, HeldResult, HotKeyResult, Latency, LatencyRow, ThroughputRow, histogram,
+    record,
 };
 use crate::{BenchError, Plan};
 
@@ -25,8 +26,7 @@ pub(crate) const TTL: Duration = Duration::from_secs(10);
 const OP_BOUND: Duration = Duration::from_millis(2_500);
 /// The floor's per-call bound in fault scenarios: the response timeout peers typically use.
 const FLOOR_FAULT_TIMEOUT: Duration = Duration::from_secs(1);
-/// Contenders of the hot-key scenario and how long each holds the lock.
-pub(crate) const CONTENDERS: usize = 8;
+/// How long each contender of the hot-key scenario holds the lock.
 const HOLD: Duration = Duration::from_millis(1);
 
 /// Healthy-cluster setup: the floor awaits every node, peers keep their defaults.

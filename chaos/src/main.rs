@@ -240,7 +240,14 @@ fn run(a: RunArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let outcomes = match rt.block_on(real::run(&settings)) {
+    let run = async {
+        if settings.processes {
+            procs::run(&settings).await
+        } else {
+            real::run(&settings).await
+        }
+    };
+    let outcomes = match rt.block_on(run) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("redlock-chaos: {e}");

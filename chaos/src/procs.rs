@@ -235,7 +235,7 @@ async fn feed(mut stdin: ChildStdin, mut asks: mpsc::UnboundedReceiver<()>) {
 }
 
 /// Runs the workload with one worker process per client.
-pub(crate) async fn run(settings: &Settings) -> Result<Outcomes, String> {
+pub async fn run(settings: &Settings) -> Result<Outcomes, String> {
     if settings.fence == FenceBackend::Memory {
         return Err(
             "--processes needs a register every process can reach: --fence redis or --fence pg"

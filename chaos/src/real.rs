@@ -152,11 +152,9 @@ struct ClientRun {
 }
 
 /// Runs the workload with in-process clients (each on its own thread and current-thread
-/// runtime) under the schedule, and collects everything the checkers need.
+/// runtime) under the schedule, and collects everything the checkers need. (With
+/// `--processes`, `procs::run` runs it instead, with a process per client.)
 pub async fn run(settings: &Settings) -> Result<Outcomes, String> {
-    if settings.processes {
-        return crate::procs::run(settings).await;
-    }
     let servers = Servers::start(settings).await?;
     let urls = servers.cluster.urls();
     warm_up(settings, &urls).await?;
