@@ -57,7 +57,8 @@ impl FenceToken {
     /// # Errors
     ///
     /// [`FenceError::EmptyToken`] without claims, [`FenceError::TooManyClaims`],
-    /// [`FenceError::InvalidNodeName`] (empty or longer than [`MAX_NODE_NAME_LEN`]),
+    /// [`FenceError::InvalidNodeName`] (empty, longer than [`MAX_NODE_NAME_LEN`], or with a
+    /// NUL byte),
     /// [`FenceError::StampOutOfRange`], [`FenceError::DuplicateNode`].
     pub fn new<I, N>(claims: I) -> Result<Self, FenceError>
     where
@@ -130,6 +131,12 @@ fn check_name(node: &str) -> Result<(), FenceError> {
     if node.len() > MAX_NODE_NAME_LEN {
         return Err(FenceError::InvalidNodeName {
             reason: "node name longer than MAX_NODE_NAME_LEN bytes",
+        });
+    }
+    // PostgreSQL text cannot hold it: a token every backend can store is one none refuses.
+    if node.contains('\0') {
+        return Err(FenceError::InvalidNodeName {
+            reason: "node name contains a NUL byte",
         });
     }
     Ok(())
@@ -250,6 +257,11 @@ fn decode_name(raw: &str, offset: usize) -> Result<String, FenceError> {
     if out.len() > MAX_NODE_NAME_LEN {
         return Err(FenceError::InvalidNodeName {
             reason: "node name longer than MAX_NODE_NAME_LEN bytes",
+        });
+    }
+    if out.contains(&0) {
+        return Err(FenceError::InvalidNodeName {
+            reason: "node name contains a NUL byte",
         });
     }
     String::from_utf8(out).map_err(|_| bad(0, "node name is not UTF-8"))

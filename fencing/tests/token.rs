@@ -162,6 +162,25 @@ fn bad_input_gets_typed_errors() {
     assert_eq!(text.parse::<FenceToken>().unwrap(), biggest);
 }
 
+/// A node name with a NUL byte is refused where the token is made or parsed, as every
+/// backend must store the names: PostgreSQL text cannot hold NUL, and such a token used to pass
+/// here and in the memory fence, then fail in `PgFence::admit` with an untyped backend error
+/// ("invalid byte sequence"), which says the outcome is unknown.
+#[test]
+fn node_names_with_a_nul_byte_are_refused() {
+    let made = FenceToken::new([("a\0b", 1u64), ("c", 1)]);
+    assert!(
+        matches!(made, Err(FenceError::InvalidNodeName { .. })),
+        "{made:?}"
+    );
+    let parsed = "f1,a%00b=1,c=1".parse::<FenceToken>();
+    assert!(
+        matches!(parsed, Err(FenceError::InvalidNodeName { .. })),
+        "{parsed:?}"
+    );
+    assert!(parsed.unwrap_err().is_malformed());
+}
+
 #[test]
 fn rejection_messages_name_both_tokens() {
     let fence = MemoryFence::new();
