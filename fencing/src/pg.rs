@@ -6,7 +6,7 @@ use tokio_postgres::{GenericClient, Transaction};
 
 use crate::error::{Backend, BackendError, FenceError, malformed_from_backend};
 use crate::high_water::{Admission, HighWater};
-use crate::pg_sql::{PgFence, check_ident, high_water_from};
+use crate::pg_sql::{PgFence, check_ident, high_water_from, quoted};
 use crate::token::{ScalarToken, TokenRef};
 
 /// SQLSTATE of the admission function's malformed-input error.
@@ -103,7 +103,7 @@ impl PgFence {
     ) -> Result<HighWater, FenceError> {
         let sql = format!(
             "SELECT nodes, stamps FROM {} WHERE resource = $1",
-            self.table()
+            quoted(self.table(), "")
         );
         match client
             .query_typed_opt(&sql, &[(&resource, Type::TEXT)])
@@ -134,6 +134,12 @@ pub(crate) fn from_pg(err: tokio_postgres::Error) -> FenceError {
 /// `nextval` never hands one value to two callers and never goes back (unless an operator
 /// resets the sequence), which is all a scalar token needs. Values skipped by rolled-back
 /// transactions are harmless.
+///
+/// A value orders lock holders only if it was drawn while the lock was held: draw it after
+/// acquiring, then check that the lock is still valid (`Lock::is_valid` in `redlock`) after
+/// [`next`](Self::next) returned, and write only if it is. A holder that paused past its
+/// lock's validity before drawing gets a value above the next holder's, and is admitted after
+/// it.
 #[derive(Debug, Clone)]
 pub struct PgSequence {
     name: String,
@@ -150,7 +156,7 @@ impl PgSequence {
         check_ident(name)?;
         Ok(Self {
             name: name.to_owned(),
-            next_sql: format!("SELECT nextval('{name}')"),
+            next_sql: format!("SELECT nextval('{}')", quoted(name, "")),
         })
     }
 
@@ -165,7 +171,10 @@ impl PgSequence {
     /// Idempotent: run it again.
     pub async fn create(&self, client: &impl GenericClient) -> Result<(), FenceError> {
         client
-            .batch_execute(&format!("CREATE SEQUENCE IF NOT EXISTS {}", self.name))
+            .batch_execute(&format!(
+                "CREATE SEQUENCE IF NOT EXISTS {}",
+                quoted(&self.name, "")
+            ))
             .await
             .map_err(from_pg)?;
         Ok(())

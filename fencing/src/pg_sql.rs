@@ -85,8 +85,10 @@ impl PgFence {
     }
 
     fn build(table: String) -> Self {
-        let admit_sql =
-            format!("SELECT verdict, hw_nodes, hw_stamps FROM {table}_admit($1, $2, $3)");
+        let admit_sql = format!(
+            "SELECT verdict, hw_nodes, hw_stamps FROM {}($1, $2, $3)",
+            quoted(&table, "_admit")
+        );
         Self { table, admit_sql }
     }
 
@@ -107,7 +109,10 @@ impl PgFence {
     /// claims (the empty name alone is a scalar token), a name longer than
     /// [`MAX_NODE_NAME_LEN`] bytes, a NULL or negative stamp, a node named twice.
     pub fn schema_sql(&self) -> String {
-        SCHEMA_SQL.replace("{table}", &self.table)
+        SCHEMA_SQL
+            .replace("{table}", &quoted(&self.table, ""))
+            .replace("{admit}", &quoted(&self.table, "_admit"))
+            .replace("{admit_or_raise}", &quoted(&self.table, "_admit_or_raise"))
     }
 
     /// The statement of one admission, for clients other than tokio-postgres: parameters `$1`
@@ -188,6 +193,16 @@ pub(crate) fn high_water_from(
     ))
 }
 
+/// A name [`check_ident`] accepted, with `suffix` added to its last part, quoted part by part
+/// for SQL (`"schema"."name_suffix"`): a reserved word (`user`, `order`) is then a name like
+/// any other, and quoting changes nothing else for lower-case names.
+pub(crate) fn quoted(name: &str, suffix: &str) -> String {
+    match name.rsplit_once('.') {
+        Some((schema, last)) => format!("\"{schema}\".\"{last}{suffix}\""),
+        None => format!("\"{name}{suffix}\""),
+    }
+}
+
 pub(crate) fn check_ident(name: &str) -> Result<(), FenceError> {
     let valid_part = |p: &str| {
         !p.is_empty()
@@ -208,7 +223,14 @@ pub(crate) fn check_ident(name: &str) -> Result<(), FenceError> {
     }
 }
 
-/// `{table}` is replaced by the validated table name.
+/// `{table}`, `{admit}` and `{admit_or_raise}` are replaced by the quoted names of the table
+/// and its two functions (see [`quoted`]).
+///
+/// The functions run with a search path of their own, set at the end: the schema the DDL
+/// created them in (where an unqualified table was created too), then `pg_temp`. Otherwise an
+/// unqualified table name is looked up through the caller's search path, where `pg_temp`
+/// comes first: a session with a temporary table of the same name, or with another search
+/// path, would read and advance another high water than every other session.
 ///
 /// The function first rejects malformed lists with SQLSTATE `FN003` and a message
 /// `malformed fence token: …` that [`malformed_from_backend`] maps to a typed error; its caps
@@ -227,7 +249,7 @@ CREATE TABLE IF NOT EXISTS {table} (
     CHECK (cardinality(nodes) = cardinality(stamps))
 );
 
-CREATE OR REPLACE FUNCTION {table}_admit(p_resource text, p_nodes text[], p_stamps bigint[])
+CREATE OR REPLACE FUNCTION {admit}(p_resource text, p_nodes text[], p_stamps bigint[])
 RETURNS TABLE (verdict smallint, hw_nodes text[], hw_stamps bigint[])
 LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -322,13 +344,13 @@ BEGIN
 END
 $fn$;
 
-CREATE OR REPLACE FUNCTION {table}_admit_or_raise(p_resource text, p_nodes text[], p_stamps bigint[])
+CREATE OR REPLACE FUNCTION {admit_or_raise}(p_resource text, p_nodes text[], p_stamps bigint[])
 RETURNS void
 LANGUAGE plpgsql AS $fn$
 DECLARE
     v smallint;
 BEGIN
-    SELECT a.verdict INTO v FROM {table}_admit(p_resource, p_nodes, p_stamps) a;
+    SELECT a.verdict INTO v FROM {admit}(p_resource, p_nodes, p_stamps) a;
     IF v = -1 THEN
         RAISE EXCEPTION 'stale fence token for %', p_resource USING ERRCODE = 'FN001';
     ELSIF v = -2 THEN
@@ -336,4 +358,13 @@ BEGIN
     END IF;
 END
 $fn$;
+
+DO $pin$
+DECLARE
+    path text := concat_ws(', ', quote_ident(current_schema()), 'pg_temp');
+BEGIN
+    EXECUTE format('ALTER FUNCTION %s(text, text[], bigint[]) SET search_path = %s', '{admit}', path);
+    EXECUTE format('ALTER FUNCTION %s(text, text[], bigint[]) SET search_path = %s', '{admit_or_raise}', path);
+END
+$pin$;
 ";

@@ -187,6 +187,91 @@ fn names_are_validated_before_they_reach_sql() {
     assert!(PgFence::with_table("app.fence_2").is_ok());
 }
 
+/// Names are quoted where they are spliced into SQL: a valid name that is a reserved word
+/// (`user`, `select`) works like any other. (`with_table("user")` used to be accepted and then
+/// fail in `create_schema` with a syntax error, an untyped backend error.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserved_words_are_usable_names() {
+    let pg = server().await;
+    let mut client = pg.connect().await.unwrap();
+    client
+        .batch_execute("CREATE SCHEMA \"order\"")
+        .await
+        .unwrap();
+    for table in ["user", "order.table"] {
+        let fence = PgFence::with_table(table).unwrap();
+        fence.create_schema(&client).await.unwrap();
+        let tx = client.transaction().await.unwrap();
+        let new = token("f1,a=20,b=20");
+        assert_eq!(
+            fence.admit(&tx, "r", &new).await.unwrap(),
+            Admission::Advanced,
+            "{table}"
+        );
+        let err = fence
+            .admit(&tx, "r", &token("f1,a=10,b=10"))
+            .await
+            .unwrap_err();
+        assert!(err.is_stale(), "{table}: {err}");
+        tx.commit().await.unwrap();
+        assert_eq!(
+            fence.high_water(&client, "r").await.unwrap(),
+            HighWater::from_entries([("a", 20), ("b", 20)]),
+            "{table}"
+        );
+    }
+    let seq = PgSequence::new("select").unwrap();
+    seq.create(&client).await.unwrap();
+    let a = seq.next(&client).await.unwrap();
+    assert!(seq.next(&client).await.unwrap() > a);
+}
+
+/// Every session reads and advances the same high water, whatever its search path: the
+/// admission functions look their table up through a search path of their own, with
+/// `pg_temp` last. Before, the table was looked up through the caller's search path, where
+/// `pg_temp` comes first, and a session with a temporary table of the same name (or another
+/// search path) admitted a stale token that every other session refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_search_path_does_not_change_the_high_water_it_reads() {
+    let pg = server().await;
+    let mut a = pg.connect().await.unwrap();
+    let mut b = pg.connect().await.unwrap();
+    let fence = PgFence::new();
+    fence.create_schema(&a).await.unwrap();
+    let old = token("f1,n1=10,n2=10,n3=10");
+    let new = token("f1,n2=20,n3=20,n4=20");
+    let tx = a.transaction().await.unwrap();
+    fence.admit(&tx, "r", &new).await.unwrap();
+    tx.commit().await.unwrap();
+
+    // Session b: a temporary table of the same name, and a search path with another schema
+    // holding one more.
+    b.batch_execute(
+        "CREATE TEMP TABLE fencing_high_water (LIKE public.fencing_high_water INCLUDING ALL);
+         CREATE SCHEMA other;
+         CREATE TABLE other.fencing_high_water (LIKE public.fencing_high_water INCLUDING ALL);
+         SET search_path = other, public;",
+    )
+    .await
+    .unwrap();
+    let tx = b.transaction().await.unwrap();
+    let err = fence.admit(&tx, "r", &old).await.unwrap_err();
+    assert!(err.is_stale(), "a stale token admitted in session b: {err}");
+    drop(tx);
+    let tx = b.transaction().await.unwrap();
+    let raised = tx
+        .batch_execute(
+            "SELECT public.fencing_high_water_admit_or_raise('r', '{n1,n2,n3}', '{10,10,10}')",
+        )
+        .await
+        .expect_err("the plain-SQL admission refuses the stale token in session b too");
+    assert_eq!(
+        raised.as_db_error().map(|e| e.code().code()),
+        Some("FN001"),
+        "{raised}"
+    );
+}
+
 /// A history of grants on 5 nodes in which every grant holds a quorum (3 nodes) and per-node
 /// stamps increase in grant order: what a healthy Redlock issues.
 fn grants(count: usize, rng: &mut impl Rng) -> Vec<FenceToken> {
