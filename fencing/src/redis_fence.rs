@@ -166,6 +166,11 @@ pub enum Expiry {
 /// Works with any async connection of the `redis` crate (`MultiplexedConnection`,
 /// `ConnectionManager`, …). Redis Cluster is not supported: the high-water key and the value
 /// key are not in one hash slot.
+///
+/// The server must not evict the high water: run it with `maxmemory-policy noeviction` or a
+/// `volatile-*` policy (the high-water hash has no TTL, so those never evict it). Under an
+/// `allkeys-*` policy it is evicted like any key, and a resource without a high water admits
+/// the next token as its first, a stale holder's too.
 #[derive(Debug, Clone)]
 pub struct RedisFence {
     prefix: String,

@@ -64,6 +64,78 @@ async fn register_admits_in_order_and_rejects_stale_writes() {
     );
 }
 
+/// Under memory pressure with a `volatile-*` eviction policy (what the docs require), the high
+/// water — a key without TTL — stays while cache entries with a TTL are evicted, and a stale
+/// holder is still refused. (Under `allkeys-lru` the high water was evicted while the
+/// often-read register stayed, and the stale write was admitted.)
+#[tokio::test]
+async fn the_high_water_survives_memory_pressure_under_a_volatile_policy() {
+    let cluster = Cluster::start(1).await.unwrap();
+    let mut conn = cluster.node(0).connection().await.unwrap();
+    let fence = RedisFence::new();
+    let old = t("f1,n1=10,n2=10,n3=10");
+    let new = t("f1,n2=20,n3=20,n4=20");
+    // The register is a cache entry: evictable under the policy.
+    fence
+        .set_if_admitted_with(
+            &mut conn,
+            "reg",
+            &new,
+            "NEW",
+            Expiry::After(Duration::from_secs(600)),
+        )
+        .await
+        .unwrap();
+    let used = info_field(&mut conn, "memory", "used_memory").await;
+    let () = redlock_testkit::redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("volatile-lru")
+        .arg("maxmemory")
+        .arg(used + 2 * 1024 * 1024)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let filler = "x".repeat(1024);
+    for i in 0..8_000 {
+        let () = conn
+            .pset_ex(format!("cache:{i}"), &filler, 600_000)
+            .await
+            .unwrap();
+    }
+    let evicted = info_field(&mut conn, "stats", "evicted_keys").await;
+    assert!(
+        evicted > 0,
+        "the server evicted nothing: no memory pressure"
+    );
+    let hw: bool = conn.exists("fence:hw:reg").await.unwrap();
+    assert!(hw, "the high water was evicted ({evicted} keys evicted)");
+    let err = fence
+        .set_if_admitted(&mut conn, "reg", &old, "OLD")
+        .await
+        .unwrap_err();
+    assert!(err.is_stale(), "{err}");
+}
+
+/// A numeric field of `INFO section`.
+async fn info_field(
+    conn: &mut redlock_testkit::redis::aio::MultiplexedConnection,
+    section: &str,
+    field: &str,
+) -> u64 {
+    let info: String = redlock_testkit::redis::cmd("INFO")
+        .arg(section)
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .unwrap_or_else(|| panic!("INFO {section} has no {field}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn stamps_compare_exactly_beyond_double_precision() {
     // 2^53 + 1 and 2^53 are equal as Lua numbers; the script compares decimal strings.
