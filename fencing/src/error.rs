@@ -82,6 +82,13 @@ pub enum FenceError {
         /// What was wrong.
         reason: String,
     },
+    /// A resource name the backend cannot store: PostgreSQL text cannot hold a NUL byte.
+    /// Nothing was sent.
+    #[error("invalid resource name: {reason}")]
+    InvalidResource {
+        /// What was wrong.
+        reason: &'static str,
+    },
     /// A write's expiry was out of range (see `RedisFence::set_if_admitted_with`); nothing
     /// was sent.
     #[error("invalid expiry for a fenced write: {reason}")]

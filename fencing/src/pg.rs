@@ -51,6 +51,7 @@ impl PgFence {
     ///
     /// [`FenceError::Stale`] / [`FenceError::Unrelated`] when rejected: nothing was changed,
     /// the transaction is still usable, and the caller should roll it back.
+    /// [`FenceError::InvalidResource`] for a resource name with a NUL byte (nothing is sent),
     /// [`FenceError::StampOutOfRange`], [`FenceError::Backend`] (the transaction is then
     /// aborted), [`FenceError::UnexpectedReply`] on schema drift. (A token from this crate is
     /// always well-formed; should the function still reject it as malformed, the error is the
@@ -67,6 +68,7 @@ impl PgFence {
         token: impl Into<TokenRef<'a>>,
     ) -> Result<Admission, FenceError> {
         let token = token.into();
+        check_resource(resource)?;
         let (nodes, stamps) = Self::admit_params(token)?;
         let row = tx
             .query_typed_one(
@@ -91,6 +93,7 @@ impl PgFence {
     ///
     /// # Errors
     ///
+    /// [`FenceError::InvalidResource`] for a resource name with a NUL byte,
     /// [`FenceError::Backend`], [`FenceError::UnexpectedReply`] on schema drift.
     ///
     /// # Cancel safety
@@ -101,6 +104,7 @@ impl PgFence {
         client: &impl GenericClient,
         resource: &str,
     ) -> Result<HighWater, FenceError> {
+        check_resource(resource)?;
         let sql = format!(
             "SELECT nodes, stamps FROM {} WHERE resource = $1",
             quoted(self.table(), "")
@@ -117,6 +121,17 @@ impl PgFence {
             ),
         }
     }
+}
+
+/// Refuses a resource name PostgreSQL text cannot hold before it is sent: the server would
+/// answer with an encoding error, which says nothing typed and aborts the caller's transaction.
+fn check_resource(resource: &str) -> Result<(), FenceError> {
+    if resource.contains('\0') {
+        return Err(FenceError::InvalidResource {
+            reason: "a PostgreSQL resource name cannot contain a NUL byte",
+        });
+    }
+    Ok(())
 }
 
 /// A PostgreSQL error as a [`FenceError`]: [`FenceError::Backend`], except for the admission

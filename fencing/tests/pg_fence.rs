@@ -187,6 +187,30 @@ fn names_are_validated_before_they_reach_sql() {
     assert!(PgFence::with_table("app.fence_2").is_ok());
 }
 
+/// A resource name PostgreSQL text cannot hold (a NUL byte) is refused with a typed error
+/// before anything is sent, and the transaction stays usable. (It used to reach the server and
+/// come back as a backend error — "outcome unknown" — with the transaction aborted.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resource_name_with_a_nul_byte_is_refused_before_it_is_sent() {
+    let pg = server().await;
+    let mut client = pg.connect().await.unwrap();
+    let fence = PgFence::new();
+    fence.create_schema(&client).await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    let err = fence
+        .admit(&tx, "orders\0x", &token("f1,a=1"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, FenceError::InvalidResource { .. }), "{err:?}");
+    assert_eq!(
+        fence.admit(&tx, "orders", &token("f1,a=1")).await.unwrap(),
+        Admission::Advanced,
+        "the transaction is still usable"
+    );
+    let err = fence.high_water(&tx, "orders\0x").await.unwrap_err();
+    assert!(matches!(err, FenceError::InvalidResource { .. }), "{err:?}");
+}
+
 /// Names are quoted where they are spliced into SQL: a valid name that is a reserved word
 /// (`user`, `select`) works like any other. (`with_table("user")` used to be accepted and then
 /// fail in `create_schema` with a syntax error, an untyped backend error.)
