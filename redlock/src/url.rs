@@ -246,7 +246,23 @@ fn redact_unparsed(raw: &str) -> String {
         out.push_str(MASK);
         out.push('@');
     }
-    out.push_str(&rest[shown_from..shown_to]);
+    let shown = &rest[shown_from..shown_to];
+    // Without an `@`, what follows the first `:` of a TCP URL may be a port or a password
+    // whose `@` was lost (a list split on a comma inside it, a host left out): neither is
+    // shown.
+    let colon = if !tcp || shown_from > 0 {
+        None
+    } else if shown.starts_with('[') {
+        shown.find("]:").map(|i| i + 1)
+    } else {
+        shown.find(':')
+    };
+    if let Some(colon) = colon {
+        out.push_str(&shown[..=colon]);
+        out.push_str(MASK);
+        return out;
+    }
+    out.push_str(shown);
     if let Some(delimiter) = rest[shown_to..].chars().next() {
         out.push(delimiter);
         out.push_str(MASK);
@@ -386,6 +402,13 @@ mod tests {
             ("redis:/u:pw@h:1", "***@h:1"),
             ("not a url", "not a url"),
             ("", ""),
+            // No `@`: after the first `:` may be a password (a list split on a comma inside
+            // it, a host left out) as well as a port.
+            ("redis://alice:pw", "redis://alice:***"),
+            ("redis://:pw", "redis://:***"),
+            ("redis://h:99999/0?x", "redis://h:***"),
+            ("redis://[::1]:99999", "redis://[::1]:***"),
+            ("redis://[::1", "redis://[::1"),
         ] {
             assert_eq!(redact_url(url), shown, "{url}");
         }

@@ -285,7 +285,8 @@ impl Interest {
     /// on the channel (the lock may have been handed to another client and released there).
     /// Repeats of a release already acted on do not end the wait.
     pub(crate) async fn wait_for_local_holder(&self, limit: Duration) -> LocalHolder {
-        let deadline = tokio::time::Instant::now() + limit;
+        // `limit` follows the retry policy, which may be a century (`Duration::MAX` too).
+        let deadline = crate::lock::far_after(tokio::time::Instant::now(), limit);
         loop {
             let notified = self.notify.notified();
             let mut notified = std::pin::pin!(notified);
