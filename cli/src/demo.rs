@@ -16,7 +16,7 @@ fn failed(e: impl std::fmt::Display) -> Failure {
 }
 
 pub(crate) async fn run() -> Result<u8, Failure> {
-    println!("== starting 5 independent redis-server masters (each behind a fault proxy)");
+    outln!("== starting 5 independent redis-server masters (each behind a fault proxy)");
     let cluster = Cluster::builder()
         .nodes(5)
         .proxied(true)
@@ -24,7 +24,7 @@ pub(crate) async fn run() -> Result<u8, Failure> {
         .await
         .map_err(failed)?;
     let nodes = cluster.urls().join(",");
-    println!("   export {NODES_ENV}={nodes}");
+    outln!("   export {NODES_ENV}={nodes}");
     // Every command below gets these nodes with --nodes; they are shown as this export.
     let with_nodes = |args: &[&str]| -> Vec<String> {
         let mut v = vec!["--nodes".to_owned(), nodes.clone()];
@@ -40,12 +40,12 @@ pub(crate) async fn run() -> Result<u8, Failure> {
         redlock(&refs).await
     };
 
-    println!("\n== 1. is this cluster fit for Redlock?");
+    outln!("\n== 1. is this cluster fit for Redlock?");
     let doctor = run(&["doctor", "--clock-sample", "200ms"]).await?;
     // Warnings (exit 0) are expected on a throwaway cluster; errors are not.
     expect(&mut surprises, "doctor", doctor, 0);
 
-    println!("\n== 2. a job under a lock: the command gets the resource and a fence token");
+    outln!("\n== 2. a job under a lock: the command gets the resource and a fence token");
     let job = run(&[
         "run",
         "orders:42",
@@ -57,7 +57,7 @@ pub(crate) async fn run() -> Result<u8, Failure> {
     .await?;
     expect(&mut surprises, "a job under a lock", job, 0);
 
-    println!("\n== 3. a second owner is refused while the first holds it (exit 75), or waits");
+    outln!("\n== 3. a second owner is refused while the first holds it (exit 75), or waits");
     let exe = std::env::current_exe().map_err(failed)?;
     let mut first = tokio::process::Command::new(&exe)
         .args(with_nodes(&["run", "orders:42", "--", "sleep", "1.5"]))
@@ -86,7 +86,7 @@ pub(crate) async fn run() -> Result<u8, Failure> {
     expect(&mut surprises, "a waiting second owner", waited, 0);
     let _ = first.wait().await;
 
-    println!("\n== 4. contention: 4 hosts x 3 jobs on one lock, a plain counter file under it");
+    outln!("\n== 4. contention: 4 hosts x 3 jobs on one lock, a plain counter file under it");
     let dir = tempfile_dir()?;
     let counter = dir.join("counter");
     std::fs::write(&counter, "0").map_err(failed)?;
@@ -131,7 +131,7 @@ pub(crate) async fn run() -> Result<u8, Failure> {
             count.trim()
         ));
     }
-    println!(
+    outln!(
         "   12 runs {}; counter = {} (exactly 12: no lost update)",
         if all_ok {
             "succeeded"
@@ -141,18 +141,18 @@ pub(crate) async fn run() -> Result<u8, Failure> {
         count.trim()
     );
 
-    println!("\n== 5. a faulty minority does not stop the lock");
+    outln!("\n== 5. a faulty minority does not stop the lock");
     cluster.node(0).pause();
     if let Some(proxy) = cluster.node(1).proxy() {
         proxy.set_delay(Duration::from_millis(300), Duration::ZERO);
     }
-    println!("   (node 0 paused, node 1 delayed by 300 ms)");
+    outln!("   (node 0 paused, node 1 delayed by 300 ms)");
     let minority = run(&["run", "cache:rebuild", "--", "true"]).await?;
     expect(&mut surprises, "a faulty minority", minority, 0);
 
-    println!("\n== 6. without a quorum the answer is fast and definite (exit 69)");
+    outln!("\n== 6. without a quorum the answer is fast and definite (exit 69)");
     cluster.node(2).kill();
-    println!("   (node 2 killed too)");
+    outln!("   (node 2 killed too)");
     let no_quorum = run(&["run", "cache:rebuild", "--", "true"]).await?;
     expect(
         &mut surprises,
@@ -164,11 +164,11 @@ pub(crate) async fn run() -> Result<u8, Failure> {
     if let Some(proxy) = cluster.node(1).proxy() {
         proxy.heal();
     }
-    println!("   (node 0 resumed, node 1 healed; node 2 still dead)");
+    outln!("   (node 0 resumed, node 1 healed; node 2 still dead)");
     let healed = run(&["run", "--wait", "2s", "cache:rebuild", "--", "true"]).await?;
     expect(&mut surprises, "after healing", healed, 0);
 
-    println!("\n== 7. a job longer than the TTL: renewed while it runs, then released");
+    outln!("\n== 7. a job longer than the TTL: renewed while it runs, then released");
     let long = run(&[
         "run",
         "--ttl",
@@ -182,7 +182,7 @@ pub(crate) async fn run() -> Result<u8, Failure> {
     .await?;
     expect(&mut surprises, "a job longer than the TTL", long, 0);
 
-    println!("\n== 8. a lost lock stops the job (SIGTERM) and exits 79");
+    outln!("\n== 8. a lost lock stops the job (SIGTERM) and exits 79");
     let stealer = async {
         tokio::time::sleep(Duration::from_millis(400)).await;
         for i in [0, 1, 3, 4] {
@@ -190,7 +190,7 @@ pub(crate) async fn run() -> Result<u8, Failure> {
                 let _: Result<i64, _> = conn.del("redlock:lock:fragile").await;
             }
         }
-        println!("   (the lock's keys deleted on every node behind its back)");
+        outln!("   (the lock's keys deleted on every node behind its back)");
     };
     let (result, ()) = tokio::join!(
         run(&["run", "--ttl", "600ms", "fragile", "--", "sleep", "10"]),
@@ -205,13 +205,13 @@ pub(crate) async fn run() -> Result<u8, Failure> {
 
     tokio::time::sleep(Duration::from_millis(300)).await;
     let left = cluster.keys("redlock:lock:*").await;
-    println!("\n== done: lock keys left on the nodes: {}", left.len());
+    outln!("\n== done: lock keys left on the nodes: {}", left.len());
     if !left.is_empty() {
         surprises.push(format!("{} lock keys left on the nodes", left.len()));
     }
     let _ = std::fs::remove_dir_all(&dir);
     if surprises.is_empty() {
-        println!("   every step showed what it should");
+        outln!("   every step showed what it should");
         Ok(exit::OK)
     } else {
         Err(failed(format!(
@@ -236,7 +236,7 @@ async fn redlock(args: &[&str]) -> Result<(i32, Duration), Failure> {
         other => other.to_vec(),
     };
     let exe = std::env::current_exe().map_err(failed)?;
-    println!("   $ redlock {}", shown.join(" "));
+    outln!("   $ redlock {}", shown.join(" "));
     let started = Instant::now();
     let out = tokio::process::Command::new(exe)
         .args(args)
@@ -248,10 +248,10 @@ async fn redlock(args: &[&str]) -> Result<(i32, Duration), Failure> {
         .lines()
         .chain(String::from_utf8_lossy(&out.stderr).lines())
     {
-        println!("     {line}");
+        outln!("     {line}");
     }
     let code = out.status.code().unwrap_or(-1);
-    println!("     -> exit {code} after {took:.0?}");
+    outln!("     -> exit {code} after {took:.0?}");
     Ok((code, took))
 }
 

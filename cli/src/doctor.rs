@@ -86,7 +86,7 @@ struct Context {
 }
 
 pub(crate) async fn run(settings: &Settings, args: &DoctorArgs) -> Result<u8, Failure> {
-    let rl = settings.build(settings.builder())?;
+    let rl = settings.build(settings.lockless_builder())?;
     if !(args.drift_factor.is_finite() && (0.0..0.5).contains(&args.drift_factor)) {
         return Err(Failure::usage("--drift-factor must be in [0, 0.5)"));
     }
@@ -207,7 +207,7 @@ pub(crate) async fn run(settings: &Settings, args: &DoctorArgs) -> Result<u8, Fa
     if args.json {
         let text = serde_json::to_string_pretty(&report)
             .map_err(|e| Failure::new(exit::SOFTWARE, format!("JSON: {e}")))?;
-        println!("{text}");
+        outln!("{text}");
     } else {
         let mut table = Table::new(["LEVEL", "NODE", "CHECK", "FINDING"]);
         for f in &report.findings {
@@ -219,7 +219,7 @@ pub(crate) async fn run(settings: &Settings, args: &DoctorArgs) -> Result<u8, Fa
             ]);
         }
         table.print();
-        println!("{errors} error(s), {warnings} warning(s)");
+        outln!("{errors} error(s), {warnings} warning(s)");
     }
     Ok(if errors > 0 {
         exit::DOCTOR_FAILED

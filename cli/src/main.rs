@@ -3,6 +3,40 @@
 
 #![forbid(unsafe_code)]
 
+/// `println!` that ignores a failed write: a closed stdout (`redlock status | head -1`) is not
+/// a reason to panic, and for `run` not a reason to leave the command running.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` that ignores a failed write (see `outln!`): when the lock is lost, the command
+/// must still be stopped after stderr's reader went away.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `print!` that ignores a failed write (see `outln!`).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// `eprint!` that ignores a failed write (see `outln!`).
+macro_rules! err {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod args;
 #[cfg(feature = "demo")]
 mod demo;
@@ -36,9 +70,9 @@ fn main() -> ExitCode {
             // clap may quote an argument, which could be a URL with a password.
             let text = settings::scrub(&e.render().to_string(), &argv_secrets());
             if code == exit::OK {
-                print!("{text}");
+                out!("{text}");
             } else {
-                eprint!("{text}");
+                err!("{text}");
             }
             return ExitCode::from(code);
         }
@@ -49,12 +83,12 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("redlock: cannot start the runtime: {e}");
+            errln!("redlock: cannot start the runtime: {e}");
             return ExitCode::from(exit::OS_ERROR);
         }
     };
     let code = runtime.block_on(dispatch(cli)).unwrap_or_else(|failure| {
-        eprintln!("redlock: {failure}");
+        errln!("redlock: {failure}");
         failure.code
     });
     ExitCode::from(code)

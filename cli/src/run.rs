@@ -74,7 +74,7 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
             // The abandoned attempt releases its grants in the background: give it the time a
             // request may take before the process ends (else the keys expire with their TTL).
             tokio::time::sleep(rl.config().node_timeout * 5).await;
-            eprintln!("redlock: interrupted while waiting for the lock on {resource}");
+            errln!("redlock: interrupted while waiting for the lock on {resource}");
             return Ok(signal_exit(origin.signal));
         }
     };
@@ -82,7 +82,11 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
     let lock = match acquired {
         Ok(lock) => lock,
         Err(e) => {
-            if e.nodes().iter().any(|n| n.outcome.may_hold()) {
+            // A configuration error found while acquiring (one server reached under two
+            // addresses) comes after the attempt was sent, and tells no node reports.
+            if e.nodes().iter().any(|n| n.outcome.may_hold())
+                || matches!(e, redlock::Error::Config(_))
+            {
                 // Nodes that granted (or whose answer is unknown) are released by a background
                 // task of the client; give it the time a request may take (a connection being
                 // opened included) before the process ends, or those keys live out their TTL.
@@ -106,7 +110,7 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
     };
     if lease.is_lost() {
         let _ = guard.release().await;
-        eprintln!("redlock: the lock on {resource} was lost before the command started");
+        errln!("redlock: the lock on {resource} was lost before the command started");
         return Ok(exit::LOST);
     }
     let mut child = match command.spawn() {
@@ -147,17 +151,18 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
             }
             reason = lease.lost(), if !lost => {
                 lost = true;
-                eprintln!(
-                    "redlock: the lock on {resource} was lost ({reason}); sending SIGTERM to the command, SIGKILL in {}",
+                // The command is told first: nothing after this may keep it from stopping.
+                send(Signal::SIGTERM);
+                kill_at.as_mut().reset(later(args.grace));
+                errln!(
+                    "redlock: the lock on {resource} was lost ({reason}); sent SIGTERM to the command, SIGKILL in {}",
                     humantime::format_duration(args.grace)
                 );
-                send(Signal::SIGTERM);
-                kill_at.as_mut().reset(tokio::time::Instant::now() + args.grace);
             }
             () = &mut kill_at, if lost => {
-                eprintln!("redlock: the command outlived --grace; sending SIGKILL");
+                errln!("redlock: the command outlived --grace; sending SIGKILL");
                 send(Signal::SIGKILL);
-                kill_at.as_mut().reset(tokio::time::Instant::now() + Duration::from_secs(3600));
+                kill_at.as_mut().reset(later(Duration::from_secs(3600)));
             }
         }
     };
@@ -174,7 +179,7 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
         let kept = guard.stop_renewal();
         drop(kept);
     } else if let Err(e) = guard.release().await {
-        eprintln!(
+        errln!(
             "redlock: warning: releasing the lock on {resource} failed ({e}); it expires with its TTL"
         );
     }
@@ -206,4 +211,10 @@ fn acquire_failure(settings: &Settings, resource: &str, wait: Duration, e: &Erro
         Error::Config(_) => settings.config_failure(e),
         _ => Failure::new(code_of(e), format!("{resource}: {e}")),
     }
+}
+
+/// `d` from now, or a century from now when that does not fit (`--grace` takes any duration).
+fn later(d: Duration) -> tokio::time::Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    tokio::time::Instant::now() + d.min(CENTURY)
 }

@@ -193,6 +193,14 @@ impl Settings {
         b
     }
 
+    /// [`Settings::builder`] for a command that takes no lock (`status`, `doctor`): its TTL is
+    /// never used, so it is set long enough for any node timeout `run` accepts (the library
+    /// requires the node timeout to be shorter than the TTL; its default TTL is 10 s, `run`'s
+    /// 30 s).
+    pub(crate) fn lockless_builder(&self) -> RedlockBuilder {
+        self.builder().ttl(std::time::Duration::from_secs(3600))
+    }
+
     /// Builds the client (no connection yet); the library validates every URL and setting and
     /// its errors never show a password.
     pub(crate) fn build(&self, builder: RedlockBuilder) -> Result<Redlock, Failure> {
@@ -247,13 +255,9 @@ fn load_file(flag: Option<&Path>) -> Result<Option<(PathBuf, FileConfig)>, Failu
         .map_err(|e| Failure::config(format!("config file {}: {e}", path.display())))?;
     let parsed: FileConfig = toml::from_str(&text).map_err(|e| {
         // toml's messages quote the offending line, which may hold a password: keep only the
-        // first line (the description and position).
-        let msg = e
-            .message()
-            .lines()
-            .next()
-            .unwrap_or("invalid TOML")
-            .to_owned();
+        // first line (the description and position), and not even a value quoted there (a
+        // value of the wrong type is: `invalid type: string "redis://:pw@…", expected …`).
+        let msg = unquoted(e.message().lines().next().unwrap_or("invalid TOML"));
         let at = e
             .span()
             .map(|s| format!(" (line {})", text[..s.start].lines().count().max(1)))
@@ -288,7 +292,7 @@ fn warn_if_readable(path: &Path, nodes: &[String]) {
         && has_password
         && meta.permissions().mode() & 0o077 != 0
     {
-        eprintln!(
+        errln!(
             "redlock: warning: {} holds passwords and can be read by other users (chmod 600 it)",
             path.display()
         );
@@ -297,6 +301,18 @@ fn warn_if_readable(path: &Path, nodes: &[String]) {
 
 fn read_ca(path: &Path, source: Source) -> Result<Vec<u8>, Failure> {
     std::fs::read(path).map_err(|e| source.failure(format!("TLS CA file {}: {e}", path.display())))
+}
+
+/// `text` with whatever stands between double quotes replaced by `***`.
+fn unquoted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for (i, part) in text.split('"').enumerate() {
+        if i > 0 {
+            out.push('"');
+        }
+        out.push_str(if i % 2 == 1 { "***" } else { part });
+    }
+    out
 }
 
 /// `url` with `password` set when it has none. A URL that does not parse is left as it is, for
@@ -310,7 +326,12 @@ fn with_password(raw: &str, password: Option<&str>) -> String {
     };
     match url.scheme().to_owned().as_str() {
         "redis" | "rediss"
-            if url.password().is_none() && url.set_password(Some(password)).is_ok() =>
+            // Taken literally: `set_password` escapes what a password may not hold raw, but not
+            // `%`, which would then be read as the start of an escape.
+            if url.password().is_none()
+                && url
+                    .set_password(Some(&password.replace('%', "%25")))
+                    .is_ok() =>
         {
             return url.into();
         }

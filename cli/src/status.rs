@@ -58,7 +58,7 @@ pub(crate) fn token_prefix(value: &str) -> String {
 }
 
 pub(crate) async fn run(settings: &Settings, args: &StatusArgs) -> Result<u8, Failure> {
-    let rl = settings.build(settings.builder())?;
+    let rl = settings.build(settings.lockless_builder())?;
     if args.resource.is_empty() {
         return Err(Failure::usage("the resource name is empty"));
     }
@@ -123,7 +123,7 @@ pub(crate) async fn run(settings: &Settings, args: &StatusArgs) -> Result<u8, Fa
     if args.json {
         let text = serde_json::to_string_pretty(&report)
             .map_err(|e| Failure::new(exit::SOFTWARE, format!("JSON: {e}")))?;
-        println!("{text}");
+        outln!("{text}");
     } else {
         print_table(&report);
     }
@@ -144,9 +144,11 @@ async fn read(node: &Node, key: &str) -> Result<(Option<String>, i64), String> {
 }
 
 fn print_table(r: &Status) {
-    println!(
+    outln!(
         "lock {} ({} nodes, quorum {})",
-        r.key, r.nodes_total, r.quorum
+        r.key,
+        r.nodes_total,
+        r.quorum
     );
     let mut table = Table::new(["NODE", "REACHABLE", "HELD", "TOKEN", "PTTL"]);
     for n in &r.nodes {
@@ -178,18 +180,23 @@ fn print_table(r: &Status) {
     }
     table.print();
     match (&r.holder_token_prefix, r.held_by_quorum) {
-        (Some(t), true) => println!(
+        (Some(t), true) => outln!(
             "held by a quorum: {}/{} nodes hold token {t}…",
-            r.holder_nodes, r.nodes_total
+            r.holder_nodes,
+            r.nodes_total
         ),
-        (Some(t), false) => println!(
+        (Some(t), false) => outln!(
             "not held by a quorum: at most {}/{} nodes hold one token ({t}…); {} needed",
-            r.holder_nodes, r.nodes_total, r.quorum
+            r.holder_nodes,
+            r.nodes_total,
+            r.quorum
         ),
-        (None, _) if r.reachable < r.quorum => println!(
+        (None, _) if r.reachable < r.quorum => outln!(
             "unknown: only {}/{} nodes answered; {} needed",
-            r.reachable, r.nodes_total, r.quorum
+            r.reachable,
+            r.nodes_total,
+            r.quorum
         ),
-        (None, _) => println!("not held: no node holds the key"),
+        (None, _) => outln!("not held: no node holds the key"),
     }
 }
