@@ -70,6 +70,19 @@ impl Held {
     /// Records the first reason and fires the signal (later reasons are ignored). The first
     /// reason ends the lease: it is logged and counted then, once.
     pub(crate) fn fire(&self, reason: LostReason) {
+        // A lease that ended for any reason but its holder's `stop_renewal` has no validity
+        // left from now on: nothing read from it later (the lock `stop_renewal` returns,
+        // `Lease::valid_until`) may say otherwise. (A renewal that found the lock taken over
+        // left the last renewal's deadline in place.)
+        if !matches!(reason, LostReason::RenewalStopped) {
+            let mut valid_until = self
+                .valid_until
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if !valid_until.passed() {
+                *valid_until = Deadline::after(Instant::now(), Duration::ZERO);
+            }
+        }
         if self.reason.set(reason).is_ok()
             && let Some(reason) = self.reason.get()
         {

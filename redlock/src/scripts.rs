@@ -142,6 +142,10 @@ return 1
 /// by anyone else but some are *missing* (the node lost them) — the present ones were re-armed,
 /// and the caller may put the missing ones back once it knows it still holds a quorum;
 /// 0 = a key holds another token, nothing was changed. It never creates a key.
+///
+/// A key holding a value of another type (a hash written over the lock's key) is another
+/// owner's: 0 for that lock alone. An error there used to fail the whole call, and with it the
+/// renewal of every lock in the batch; any other error still does.
 pub(crate) static EXTEND_MANY: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         r"
@@ -151,8 +155,12 @@ for i = 1, #ARGV, 3 do
   local token, n, ttl = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
   local ok = 1
   for j = k, k + n - 1 do
-    local v = redis.call('GET', KEYS[j])
-    if v == false then
+    local v = redis.pcall('GET', KEYS[j])
+    if type(v) == 'table' then
+      if not string.find(v.err, 'WRONGTYPE', 1, true) then return redis.error_reply(v.err) end
+      ok = 0
+      break
+    elseif v == false then
       ok = 2
     elseif v ~= token then
       ok = 0
