@@ -485,6 +485,7 @@ impl<B: Backend> Core<B> {
                             if !handed && i.others_compete() {
                                 // Not a hand-off: staggered like every other client's waiters
                                 // (unless none listen).
+                                self.await_first_node(i, &resources[0], deadline).await;
                                 stagger(round_trip, i.lead(), deadline).await;
                                 racing = true;
                             }
@@ -625,6 +626,9 @@ impl<B: Backend> Core<B> {
                             // stagger lets the first one win cleanly. (A release of this client's
                             // that no other client listened to has no other waiters to race.)
                             let lead = interest.as_ref().map_or(0.0, Interest::lead);
+                            if let Some(i) = interest.as_ref() {
+                                self.await_first_node(i, &resources[0], deadline).await;
+                            }
                             stagger(round_trip, lead, deadline).await;
                             racing = true;
                         }
@@ -635,6 +639,33 @@ impl<B: Backend> Core<B> {
         }
         .instrument(span)
         .await
+    }
+
+    /// Before a racing attempt (which asks `resource`'s first node first): waits, at most a
+    /// node timeout, for that node's own message of the release just heard, so that the attempt
+    /// does not reach it ahead of the release's delete. Test
+    /// `local_fifo::a_waiter_hears_its_clients_lock_released_by_another_client`: a client that
+    /// releases on connections it is still opening deletes on one node a few milliseconds
+    /// after another; the waiter woken by the faster node's message was refused by the first
+    /// node and slept out its 2 s retry delay (1 run in 15).
+    ///
+    /// Never past `deadline`, the retry policy's (no attempt starts after it).
+    async fn await_first_node(
+        &self,
+        interest: &Interest,
+        resource: &str,
+        deadline: Option<Instant>,
+    ) {
+        if !self.config.race_via_first_node {
+            return;
+        }
+        if let Some(node) = self.first_node_index(resource) {
+            let mut limit = self.config.node_timeout;
+            if let Some(deadline) = deadline {
+                limit = limit.min(deadline.saturating_duration_since(Instant::now()));
+            }
+            interest.wait_for_node(node, limit).await;
+        }
     }
 
     /// The last attempt's round trip, the scale of a stagger.

@@ -85,8 +85,13 @@ struct Channel {
     /// the previous release.
     others_heard: bool,
     /// The latest releases' wake-up ids already acted on (by a local release or the first
-    /// node's message), oldest first: the other nodes' messages for them wake nobody.
-    recent: std::collections::VecDeque<Wake>,
+    /// node's message), oldest first, each with the nodes whose message for it arrived (bit i
+    /// for node i): the other nodes' messages for them wake nobody, but tell
+    /// [`Interest::wait_for_node`] that the node has deleted the key.
+    recent: std::collections::VecDeque<(Wake, u64)>,
+    /// Notified on every message on the channel, repeats included (see
+    /// [`Interest::wait_for_node`]).
+    heard: Arc<Notify>,
     /// The share of its recent races for the lock (attempts after a stagger, against other
     /// clients' waiters) that this client won: a moving average, each race weighing
     /// [`RACE_WEIGHT`] (see [`Interest::lead`]).
@@ -107,21 +112,30 @@ impl Channel {
             .is_some_and(|at| now.saturating_duration_since(at) <= CONTENDED_FOR)
     }
 
-    /// Records `wake` as acted on; `false` if it already was (a repeat from another node).
-    /// A message without an id always counts as new.
-    fn first(&mut self, wake: Option<Wake>) -> bool {
+    /// Records `wake` as acted on, heard from `node` (`None` for this client's own release);
+    /// `false` if it already was (a repeat from another node). A message without an id always
+    /// counts as new.
+    fn first(&mut self, wake: Option<Wake>, node: Option<usize>) -> bool {
         let Some(wake) = wake else {
             return true;
         };
-        if self.recent.contains(&wake) {
+        let bit = node.map_or(0, node_bit);
+        if let Some((_, nodes)) = self.recent.iter_mut().find(|(w, _)| *w == wake) {
+            *nodes |= bit;
             return false;
         }
         if self.recent.len() == RECENT {
             self.recent.pop_front();
         }
-        self.recent.push_back(wake);
+        self.recent.push_back((wake, bit));
         true
     }
+}
+
+/// Node `i`'s bit in [`Channel::recent`]; nodes past the 64th share the last bit (a wait for
+/// one of them may end early, never late).
+fn node_bit(i: usize) -> u64 {
+    1 << i.min(63)
 }
 
 /// What one node's subscription task reports.
@@ -242,6 +256,7 @@ pub(crate) struct Interest {
     waiters: Arc<Waiters>,
     channel: String,
     pub(crate) notify: Arc<Notify>,
+    heard: Arc<Notify>,
 }
 
 impl Drop for Interest {
@@ -314,6 +329,41 @@ impl Interest {
             };
             if released {
                 return LocalHolder::Released { handed };
+            }
+        }
+    }
+
+    /// Waits — at most `limit` — until node `node` has published the latest release heard on
+    /// the channel (its message arrived), so that an attempt sent to that node first finds the
+    /// key deleted there. A waiter acts on the first node's message; the release may still be
+    /// on its way to the others (the releasing client opening its connection to them, say), and
+    /// an attempt refused by a node the release had not reached yet then slept out its retry
+    /// delay, since the other nodes' messages of that release wake nobody. Returns at once when
+    /// the node is not subscribed (its message would never come) or no release was heard.
+    pub(crate) async fn wait_for_node(&self, node: usize, limit: Duration) {
+        let deadline = crate::lock::far_after(tokio::time::Instant::now(), limit);
+        loop {
+            let heard = self.heard.notified();
+            let mut heard = std::pin::pin!(heard);
+            heard.as_mut().enable();
+            {
+                let state = lock(&self.waiters.shared.state);
+                let subscribed = state
+                    .nodes
+                    .get(node)
+                    .is_some_and(|n| n.subscribed.contains(&self.channel));
+                let published = state
+                    .channels
+                    .get(&self.channel)
+                    .and_then(|c| c.recent.back())
+                    .is_none_or(|(_, nodes)| nodes & node_bit(node) != 0);
+                if !subscribed || published {
+                    return;
+                }
+            }
+            crate::det::select! {
+                () = heard => {}
+                () = tokio::time::sleep_until(deadline) => return,
             }
         }
     }
@@ -444,7 +494,7 @@ impl Waiters {
     /// the one after that is not.
     pub(crate) fn notify_local(&self, channel: &str, wake: Wake) {
         if let Some(c) = lock(&self.shared.state).channels.get_mut(channel) {
-            c.first(Some(wake));
+            c.first(Some(wake), None);
             c.held_until = None;
             c.released_here = true;
             if c.waiters > 0 {
@@ -552,6 +602,7 @@ impl Waiters {
                     handoffs: 0,
                     streak: 0,
                     recent: std::collections::VecDeque::with_capacity(RECENT),
+                    heard: Arc::new(Notify::new()),
                     held_until: None,
                     released_here: false,
                     others_heard: true,
@@ -562,13 +613,15 @@ impl Waiters {
             });
             c.waiters += 1;
             c.idle_since = None;
-            (Arc::clone(&c.notify), changed)
+            ((Arc::clone(&c.notify), Arc::clone(&c.heard)), changed)
         };
+        let (notify, heard) = notify;
         // Registered before any wait, so a cancelled caller still drops its interest.
         let interest = Interest {
             waiters: Arc::clone(self),
             channel: channel.to_owned(),
             notify,
+            heard,
         };
         self.run_tasks(changed);
         let needed = self.needed();
@@ -830,9 +883,13 @@ impl NodeSub {
         let Some(shared) = self.shared.upgrade() else {
             return false;
         };
-        if let Some(c) = lock(&shared.state).channels.get_mut(msg.channel())
-            && c.first(Wake::parse(msg.payload()))
-        {
+        let mut state = lock(&shared.state);
+        let Some(c) = state.channels.get_mut(msg.channel()) else {
+            return true;
+        };
+        let new = c.first(Wake::parse(msg.payload()), Some(self.index));
+        c.heard.notify_waiters();
+        if new {
             // Another client's release: if it released the lock this client took (handed to
             // it), the local waiters must not wait for a release of their own.
             c.held_until = None;
@@ -876,7 +933,7 @@ mod tests {
                 .channels
                 .get_mut("c")
                 .expect("channel of interest")
-                .first(wake)
+                .first(wake, Some(0))
         };
         // This client's own release: the nodes' messages of it wake nobody here.
         let own = Wake(0x5eed);

@@ -355,6 +355,90 @@ async fn a_waiter_hears_its_clients_lock_released_by_another_client() {
     rl.release(c).await.expect("C releases");
 }
 
+/// A release reaches the nodes at different times (the releasing client's link to one of them
+/// is slower). A waiter woken by the first node's message must not race the release to the
+/// node its attempt asks first: it waits for that node's own message. Before, its attempt was
+/// refused there, and since the other nodes' messages of a release wake nobody, it slept out its
+/// 2 s retry delay with the lock free (`a_waiter_hears_its_clients_lock_released_by_another_client`
+/// failed that way about once in 15 runs, when the releasing client's connections opened at
+/// different speeds; here a proxy delays one node by 35 ms each way for the releasing client:
+/// without the wait, 5 of 6 runs failed).
+#[tokio::test]
+async fn a_waiter_waits_for_the_release_to_reach_the_node_it_asks_first() {
+    const RESOURCE: &str = "late-node";
+    let cluster = Cluster::start(3).await.unwrap();
+    let names: Vec<String> = (0..3).map(|i| format!("n{i}")).collect();
+    let fnv = |s: &str| {
+        s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    };
+    // The node racing attempts ask first: the highest FNV-1a hash of its name and the resource.
+    let first = (0..3)
+        .max_by_key(|&i| fnv(&format!("{}\n{RESOURCE}", names[i])))
+        .unwrap();
+    let proxy = redlock_testkit::FaultProxy::start(
+        format!("127.0.0.1:{}", cluster.node(first).port())
+            .parse()
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let client = |late: bool| {
+        let mut b = redlock::Redlock::builder();
+        for (i, name) in names.iter().enumerate() {
+            let url = if late && i == first {
+                proxy.url()
+            } else {
+                cluster.node(i).url()
+            };
+            b = b.named_node(name.clone(), url);
+        }
+        b.ttl(Duration::from_secs(10))
+            .node_timeout(common::NODE_TIMEOUT)
+            .retry(
+                redlock::RetryPolicy::deadline(Duration::from_secs(20))
+                    .with_delay(Duration::from_secs(2), Duration::ZERO),
+            )
+            .build()
+            .expect("valid config")
+    };
+    let rl = client(false);
+    let other = client(true);
+    other.connect().await;
+    proxy.set_delay(Duration::from_millis(35), Duration::ZERO);
+
+    // The lock is handed to the other client (the same token, re-acquired there), which
+    // releases it; this client's waiter hears that release from the nodes.
+    let held = rl.acquire(RESOURCE).await.expect("free");
+    let handed = other
+        .try_acquire_with_token([RESOURCE], held.token())
+        .await
+        .expect("the same token re-acquires the lock");
+    let waiter = {
+        let rl = rl.clone();
+        tokio::spawn(async move { rl.acquire(RESOURCE).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let released = std::time::Instant::now();
+    other
+        .release(handed)
+        .await
+        .expect("the other client releases it");
+    drop(held);
+    let lock = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter gets the lock")
+        .unwrap()
+        .expect("the waiter acquires");
+    assert!(
+        released.elapsed() < Duration::from_secs(1),
+        "the waiter took {:?} after the release: refused by the first node, it slept out its retry delay",
+        released.elapsed()
+    );
+    rl.release(lock).await.expect("released");
+}
+
 /// While another task of the same client holds the lock, a waiter of that client has nothing to
 /// gain from asking the nodes: it waits for the holder's release (which wakes it directly) and
 /// then makes one attempt. It used to make one first, refused on every node, on each turn.
