@@ -870,8 +870,12 @@ impl<B: Backend> Core<B> {
         let deadline = lock::far_after(started, timeout);
         let mut interest: Option<Interest> = None;
         loop {
-            // Listen before probing, so a release between the probe and the wait counts.
-            let notify = interest.as_ref().map(|i| Arc::clone(&i.notify));
+            // Listen before probing, so a release between the probe and the wait counts. Every
+            // node's message of a release counts, not only the first: the first node to delete
+            // may publish before the others have, and a probe then still finds the key on a
+            // quorum (it then waited for the 1 s re-check: test `returns_promptly_after_release`
+            // failed so in a CI run).
+            let notify = interest.as_ref().map(|i| Arc::clone(&i.heard));
             let mut notified = notify.as_ref().map(|n| Box::pin(n.notified()));
             if let Some(n) = notified.as_mut() {
                 n.as_mut().enable();

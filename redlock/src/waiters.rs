@@ -256,7 +256,9 @@ pub(crate) struct Interest {
     waiters: Arc<Waiters>,
     channel: String,
     pub(crate) notify: Arc<Notify>,
-    heard: Arc<Notify>,
+    /// Notified on every message on the channel, the other nodes' messages of a release
+    /// already acted on included.
+    pub(crate) heard: Arc<Notify>,
 }
 
 impl Drop for Interest {
@@ -506,6 +508,7 @@ impl Waiters {
                 }
             }
             c.notify.notify_waiters();
+            c.heard.notify_waiters();
         }
     }
 

@@ -37,6 +37,61 @@ async fn all_keys(cluster: &Cluster) -> Vec<(usize, String, Option<String>)> {
     out
 }
 
+/// The release reaches the nodes at different times (the holder's links to two of three nodes
+/// are 30 ms slower each way): the first node's message comes while the key is still on the
+/// other two, a quorum. The waiter must probe again on their messages, not wait for its 1 s
+/// re-check (which it did: the other nodes' messages of a release woke nobody; 3 of 3 runs
+/// took about 1 s before the fix).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn returns_on_the_release_reaching_a_quorum_not_on_its_first_message() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let mut proxies = Vec::new();
+    let mut urls = vec![cluster.node(0).url()];
+    for i in 1..3 {
+        let p = redlock_testkit::FaultProxy::start(
+            format!("127.0.0.1:{}", cluster.node(i).port())
+                .parse()
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+        urls.push(p.url());
+        proxies.push(p);
+    }
+    let holder = Redlock::builder()
+        .nodes(urls)
+        .ttl(Duration::from_secs(10))
+        .node_timeout(Duration::from_millis(200))
+        .retry(RetryPolicy::deadline(Duration::from_secs(5)))
+        .build()
+        .unwrap();
+    let waiters = client(&cluster, Duration::from_secs(10));
+    let lock = holder.acquire("spread").await.unwrap();
+    for p in &proxies {
+        p.set_delay(Duration::from_millis(30), Duration::ZERO);
+    }
+    let task = {
+        let rl = waiters.clone();
+        tokio::spawn(async move {
+            rl.wait_released("spread", Duration::from_secs(8)).await?;
+            Ok::<Instant, Error>(Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!task.is_finished(), "returned while held");
+    let released = Instant::now();
+    holder.release(lock).await.unwrap();
+    let after = task
+        .await
+        .unwrap()
+        .unwrap()
+        .saturating_duration_since(released);
+    assert!(
+        after < Duration::from_millis(500),
+        "returned {after:?} after the release"
+    );
+}
+
 /// Several waiters return soon after the holder releases — on the release notification, well
 /// before the one-second re-check or the holder's 10 s TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
