@@ -589,7 +589,7 @@ impl Waiters {
     /// back to their retry delay.
     pub(crate) async fn interest(self: &Arc<Self>, channel: &str) -> Interest {
         let now = tokio::time::Instant::now();
-        let (notify, changed) = {
+        let (notify, heard, changed) = {
             let mut state = lock(&self.shared.state);
             let before = state.channels.len();
             state
@@ -616,9 +616,8 @@ impl Waiters {
             });
             c.waiters += 1;
             c.idle_since = None;
-            ((Arc::clone(&c.notify), Arc::clone(&c.heard)), changed)
+            (Arc::clone(&c.notify), Arc::clone(&c.heard), changed)
         };
-        let (notify, heard) = notify;
         // Registered before any wait, so a cancelled caller still drops its interest.
         let interest = Interest {
             waiters: Arc::clone(self),

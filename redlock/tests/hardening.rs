@@ -516,22 +516,13 @@ async fn a_failed_renewal_batch_is_retried_within_the_validity() {
     guard.release().await.unwrap();
 }
 
-/// The node racing attempts for `resource` ask first: the highest FNV-1a hash of the node's
-/// name (`host:port/db`) and the resource, as the client ranks them.
+/// The node racing attempts for `resource` ask first, as the client ranks its nodes (named by
+/// address).
 fn racing_first_node(cluster: &Cluster, resource: &str) -> usize {
-    let fnv = |s: &str| {
-        s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        })
-    };
-    (0..cluster.len())
-        .max_by_key(|&i| {
-            fnv(&format!(
-                "127.0.0.1:{}/0\n{resource}",
-                cluster.node(i).port()
-            ))
-        })
-        .unwrap()
+    let names: Vec<String> = (0..cluster.len())
+        .map(|i| format!("127.0.0.1:{}/0", cluster.node(i).port()))
+        .collect();
+    common::racing_first_node(&names, resource)
 }
 
 /// A lock won by a racing attempt while the connection to a third node is being opened (that

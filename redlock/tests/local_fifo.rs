@@ -368,15 +368,7 @@ async fn a_waiter_waits_for_the_release_to_reach_the_node_it_asks_first() {
     const RESOURCE: &str = "late-node";
     let cluster = Cluster::start(3).await.unwrap();
     let names: Vec<String> = (0..3).map(|i| format!("n{i}")).collect();
-    let fnv = |s: &str| {
-        s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        })
-    };
-    // The node racing attempts ask first: the highest FNV-1a hash of its name and the resource.
-    let first = (0..3)
-        .max_by_key(|&i| fnv(&format!("{}\n{RESOURCE}", names[i])))
-        .unwrap();
+    let first = common::racing_first_node(&names, RESOURCE);
     let proxy = redlock_testkit::FaultProxy::start(
         format!("127.0.0.1:{}", cluster.node(first).port())
             .parse()

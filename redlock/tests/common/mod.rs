@@ -122,3 +122,18 @@ pub async fn metric_during<F: std::future::Future<Output = ()>>(name: &str, body
         })
         .collect()
 }
+
+/// The node racing attempts for `resource` ask first, among nodes called `names` (a node's name
+/// is its normalised `host:port/db`, or the one given to `named_node`): the highest FNV-1a hash
+/// of the name and the resource, as the client ranks them.
+#[allow(dead_code)]
+pub fn racing_first_node<S: AsRef<str>>(names: &[S], resource: &str) -> usize {
+    let fnv = |s: &str| {
+        s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    };
+    (0..names.len())
+        .max_by_key(|&i| fnv(&format!("{}\n{resource}", names[i].as_ref())))
+        .expect("at least one node")
+}
