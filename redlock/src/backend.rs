@@ -153,6 +153,12 @@ pub(crate) trait Backend: Send + Sync + 'static {
             "this backend cannot read a key's expiry",
         ))))
     }
+    /// A fingerprint of the value `key` holds on node `i` (see [`fingerprint`]), `None` when the
+    /// node has no such key. A read (`GET`): it never creates, changes or deletes a key. It
+    /// tells whether the key still holds the same value a moment later, without the value (a
+    /// lock token, which is a secret) leaving the node layer.
+    fn holder(&self, i: usize, key: Arc<str>)
+    -> BoxFuture<'static, Result<Option<u64>, NodeError>>;
     /// A configuration error found after `build()` — the same server behind two of the
     /// configured addresses — after which the client must not count any vote.
     fn misconfigured(&self) -> Option<ConfigError> {
@@ -172,4 +178,13 @@ pub(crate) struct BatchEntry {
     pub(crate) keys: Arc<[String]>,
     pub(crate) token: Token,
     pub(crate) ttl_ms: u64,
+}
+
+/// What [`Backend::holder`] answers for a key's value: equal for equal values within this
+/// process, and not the value itself.
+pub(crate) fn fingerprint(value: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    value.hash(&mut h);
+    h.finish()
 }

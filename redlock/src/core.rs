@@ -85,6 +85,9 @@ pub(crate) struct Core<B> {
     /// Per node: until when it is not a contended lock's first node (see `Core::first_node`),
     /// in µs since `born`; 0 = usable.
     passed_over: Arc<[std::sync::atomic::AtomicU64]>,
+    /// Per node: a check whether the key it refused a lock with stays is running (see
+    /// `Core::check_first_node`).
+    checking: Arc<[std::sync::atomic::AtomicBool]>,
     born: Instant,
     /// Per node: what the first node's ranking hashes — the normalised address (set by the
     /// builder), so that clients naming the nodes differently still agree.
@@ -106,6 +109,12 @@ const PASS_OVER: Duration = Duration::from_secs(10);
 /// (each split's retry could see another). Short, so a lookalike costs little, and a stale
 /// key at most about one retry delay per span.
 pub(crate) const PASS_OVER_REFUSED: Duration = Duration::from_secs(1);
+
+/// How many node timeouts apart the two reads of a first node's refusing key are (see
+/// `Core::check_first_node`). A racer's key lives for its attempt — at most its first node's
+/// patience (a quarter of a node timeout) and the other nodes' budget (a node timeout) — and
+/// the round trip of its cleanup.
+const STALE_AFTER: u32 = 2;
 
 /// A random pause of up to two round trips (or [`STAGGER_MIN`], whichever is longer), taken by
 /// a waiter woken by a release that was not handed to it: every client's waiter hears the same
@@ -160,6 +169,9 @@ impl<B: Backend> Core<B> {
             passed_over: (0..n)
                 .map(|_| std::sync::atomic::AtomicU64::new(0))
                 .collect(),
+            checking: (0..n)
+                .map(|_| std::sync::atomic::AtomicBool::new(false))
+                .collect(),
             born: Instant::now(),
             ranked_as,
         }
@@ -180,21 +192,62 @@ impl<B: Backend> Core<B> {
     }
 
     /// Passes over `resource`'s first node when it refused a lock a quorum of the others
-    /// granted: it holds a key they do not (a release or cleanup missed it), and would refuse
-    /// every racer until that key expires. Checked when the lock is taken and again when it is
-    /// released, when the slower nodes' answers are in.
+    /// granted and the key it refused with stays: it holds a key they do not (a release or
+    /// cleanup missed it), and would refuse every racer until that key expires. Checked when
+    /// the lock is taken and again when it is released, when the slower nodes' answers are in.
     /// Costs nothing more than a look at the answers when no node refused (the common case).
-    fn check_first_node(&self, resource: &str, granted: &engine::Granted) {
+    ///
+    /// Another client's racer holding the node for a moment refuses the same way, but its key
+    /// goes within its attempt's budget. Passing the node over for it made this client race
+    /// through another node than every other client, so that their racers split the nodes'
+    /// votes (hundreds of split votes in 10 s of the hot-key bench). So the key `key` is read
+    /// on the node now and again [`STALE_AFTER`] node timeouts later, in the background; only
+    /// when it held the same value both times is the node passed over. One check per node
+    /// runs at a time.
+    fn check_first_node(&self, resource: &str, key: &str, granted: &engine::Granted) {
+        use std::sync::atomic::Ordering;
         if !self.config.race_via_first_node {
             return;
         }
         let refused = granted.refused();
-        if !refused.is_empty()
-            && let Some(f) = self.first_node_index(resource)
-            && refused.contains(&f)
-        {
-            pass_over(&self.passed_over, self.born, f, PASS_OVER_REFUSED);
+        let Some(f) = self
+            .first_node_index(resource)
+            .filter(|f| refused.contains(f))
+        else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.checking[f].swap(true, Ordering::AcqRel) {
+            return;
         }
+        struct Checking(Arc<[std::sync::atomic::AtomicBool]>, usize);
+        impl Drop for Checking {
+            fn drop(&mut self) {
+                self.0[self.1].store(false, Ordering::Release);
+            }
+        }
+        let checking = Checking(Arc::clone(&self.checking), f);
+        let backend = Arc::clone(&self.backend);
+        let (passed_over, born) = (Arc::clone(&self.passed_over), self.born);
+        let key: Arc<str> = key.into();
+        let later = self.config.node_timeout * STALE_AFTER;
+        let read = move || {
+            let call = backend.holder(f, Arc::clone(&key));
+            let budget = backend.budget(f);
+            async move { tokio::time::timeout(budget, call).await.ok()?.ok()? }
+        };
+        drop(rt.spawn(async move {
+            let _checking = checking;
+            let Some(before) = read().await else {
+                return;
+            };
+            tokio::time::sleep(later).await;
+            if read().await == Some(before) {
+                pass_over(&passed_over, born, f, PASS_OVER_REFUSED);
+            }
+        }));
     }
 
     /// [`Core::first_node_index`], with what to do if that node fails.
@@ -385,7 +438,7 @@ impl<B: Backend> Core<B> {
             }
         };
         let granted = phase.keep();
-        self.check_first_node(&resources[0], &granted);
+        self.check_first_node(&resources[0], &keys[0], &granted);
         let mut claims = d.claims;
         claims.sort_by(|a, b| a.node.cmp(&b.node));
         Ok(Lock {
@@ -741,7 +794,7 @@ impl<B: Backend> Core<B> {
         self.owns(&lock)?;
         if let Some(granted) = &lock.granted {
             // The nodes' late answers have arrived by now.
-            self.check_first_node(&lock.resources[0], granted);
+            self.check_first_node(&lock.resources[0], &lock.keys[0], granted);
         }
         self.release_parts(&lock.resources, &lock.keys, &lock.token, lock.taker)
             .await

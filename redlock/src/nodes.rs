@@ -95,6 +95,19 @@ impl Backend for Nodes {
     }
 
     #[inline]
+    fn holder(
+        &self,
+        i: usize,
+        key: Arc<str>,
+    ) -> BoxFuture<'static, Result<Option<u64>, NodeError>> {
+        match self {
+            Self::Redis(b) => b.holder(i, key),
+            #[cfg(feature = "simulation")]
+            Self::Sim(b) => b.holder(i, key),
+        }
+    }
+
+    #[inline]
     fn misconfigured(&self) -> Option<ConfigError> {
         match self {
             Self::Redis(b) => b.misconfigured(),

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use redlock::{LostReason, Redlock, RetryPolicy};
 use redlock_testkit::Cluster;
-use redlock_testkit::redis::AsyncCommands;
 
 const NODE_TIMEOUT: Duration = Duration::from_millis(200);
 
@@ -23,15 +22,6 @@ fn builder(urls: Vec<String>, ttl: Duration) -> redlock::RedlockBuilder {
             RetryPolicy::deadline(Duration::from_secs(5))
                 .with_delay(Duration::from_millis(20), Duration::from_millis(20)),
         )
-}
-
-async fn del(cluster: &Cluster, i: usize, key: &str) {
-    let mut c = cluster
-        .node(i)
-        .connection()
-        .await
-        .expect("direct connection");
-    let _: i64 = c.del(key).await.expect("DEL");
 }
 
 /// A renewal finds the lock taken over on a majority (`RenewalFailed`): the lease is lost.
@@ -51,7 +41,7 @@ async fn stop_renewal_after_a_lost_renewal_does_not_report_validity() {
     // The keys on nodes 0 and 1 disappear (expired early, or restarted without data) and a
     // rival takes the lock there: a quorum holds the rival's token.
     for i in [0, 1] {
-        del(&cluster, i, "redlock:lock:taken").await;
+        common::del(&cluster, i, "redlock:lock:taken").await;
     }
     let rival_lock = rival
         .try_acquire("taken")

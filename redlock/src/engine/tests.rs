@@ -208,6 +208,21 @@ impl Backend for FakeBackend {
         .boxed()
     }
 
+    /// A node that refuses everything holds another owner's key for good.
+    fn holder(
+        &self,
+        i: usize,
+        key: Arc<str>,
+    ) -> BoxFuture<'static, Result<Option<u64>, NodeError>> {
+        let value = if self.behaviour[i] == Behaviour::Refuse {
+            Some("another owner's token".to_owned())
+        } else {
+            self.data[i].lock().unwrap().keys.get(&*key).cloned()
+        };
+        futures_util::future::ready(Ok(value.map(|v| crate::backend::fingerprint(v.as_bytes()))))
+            .boxed()
+    }
+
     fn call(&self, i: usize, op: Arc<Op>) -> BoxFuture<'static, Result<Reply, NodeError>> {
         let behaviour = self.behaviour[i];
         let data = Arc::clone(&self.data[i]);
@@ -650,9 +665,9 @@ async fn a_first_node_with_a_longer_budget_does_not_time_the_others_out() {
     assert_ne!(picked, f);
 }
 
-/// A first node that refuses while a quorum of the others grants holds a key nobody else
-/// does (a release or cleanup missed it): racing through it would refuse every racer until the
-/// key expires. A client that sees this passes the node over.
+/// A first node that refuses while a quorum of the others grants, and keeps the key it refused
+/// with, holds a key nobody else does (a release or cleanup missed it): racing through it would
+/// refuse every racer until the key expires. A client that sees this passes the node over.
 #[tokio::test(start_paused = true)]
 async fn a_first_node_refusing_against_a_quorum_is_passed_over() {
     // An attempt that does not race asks every node, and wins four.
@@ -687,6 +702,40 @@ async fn a_first_node_passed_over_for_a_refusal_is_back_soon() {
     );
 }
 
+/// A first node that refused against a quorum because another client's racer held it for a
+/// moment: the racer's key is gone when the node is read again, and the node stays the first.
+#[tokio::test(start_paused = true)]
+async fn a_first_node_refusing_for_a_moment_is_not_passed_over() {
+    let backend = FakeBackend::new(&[Behaviour::Grant; 5]);
+    let first = first(&backend).expect("five nodes");
+    let core = one_shot(backend);
+    let (resources, keys) = core.keys(vec!["r".into()]).expect("valid resource");
+    let racer = || core.backend.data[first].lock().unwrap();
+    racer()
+        .keys
+        .insert(keys[0].clone(), "a racer's token".into());
+    let token = crate::token::Token::random().expect("entropy");
+    let lock = core
+        .attempt(&resources, &keys, token, false, core.terms(), false)
+        .await
+        .expect("four nodes grant");
+    racer().keys.remove(&keys[0]);
+    core.release(lock).await.expect("released");
+    tokio::time::sleep(NODE_TIMEOUT * 2 + Duration::from_millis(1)).await;
+    assert_eq!(core.first_node_index("r"), Some(first), "passed over");
+}
+
+/// A client of `backend` with a 1 s TTL that makes one attempt per acquire.
+fn one_shot(backend: FakeBackend) -> Core<FakeBackend> {
+    let config = Config {
+        ttl: Duration::from_secs(1),
+        node_timeout: NODE_TIMEOUT,
+        retry: RetryPolicy::once(),
+        ..Config::default()
+    };
+    Core::new(config, backend, None)
+}
+
 /// A client whose lock on "r" (taken by an attempt that asks every node at once, and released)
 /// was granted by four of five nodes and refused by the first node; and that node.
 async fn refused_by_first_node() -> (Core<FakeBackend>, usize) {
@@ -694,13 +743,7 @@ async fn refused_by_first_node() -> (Core<FakeBackend>, usize) {
     let mut backend = FakeBackend::new(&[Grant; 5]);
     let first = first(&backend).expect("five nodes");
     backend.behaviour[first] = Refuse;
-    let config = Config {
-        ttl: Duration::from_secs(1),
-        node_timeout: NODE_TIMEOUT,
-        retry: RetryPolicy::once(),
-        ..Config::default()
-    };
-    let core = Core::new(config, backend, None);
+    let core = one_shot(backend);
     let (resources, keys) = core.keys(vec!["r".into()]).expect("valid resource");
     let token = crate::token::Token::random().expect("entropy");
     let lock = core
@@ -708,6 +751,9 @@ async fn refused_by_first_node() -> (Core<FakeBackend>, usize) {
         .await
         .expect("four nodes grant");
     core.release(lock).await.expect("released");
+    // The node is passed over once its key was read twice, two node timeouts apart.
+    assert_eq!(core.first_node_index("r"), Some(first), "not checked yet");
+    tokio::time::sleep(NODE_TIMEOUT * 2 + Duration::from_millis(1)).await;
     (core, first)
 }
 

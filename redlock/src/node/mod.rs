@@ -831,6 +831,26 @@ impl RedisNode {
         })
     }
 
+    /// `GET key`, answered as a fingerprint of the value (see [`Backend::holder`]).
+    pub(crate) fn holder(
+        self: &Arc<Self>,
+        key: Arc<str>,
+    ) -> BoxFuture<'static, Result<Option<u64>, NodeError>> {
+        let node = Arc::clone(self);
+        self.with_live(false, move |live| {
+            async move {
+                let mut conn = live.conn.clone();
+                let value: Option<Vec<u8>> = redis::cmd("GET")
+                    .arg(&*key)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| node.failed(&live, &e, ""))?;
+                Ok(value.as_deref().map(crate::backend::fingerprint))
+            }
+            .boxed()
+        })
+    }
+
     /// One batched renewal call.
     pub(crate) fn extend_many(
         self: &Arc<Self>,
@@ -1002,6 +1022,14 @@ impl Backend for RedisBackend {
         key: Arc<str>,
     ) -> BoxFuture<'static, Result<Option<Duration>, NodeError>> {
         self.nodes[i].expiry(key)
+    }
+
+    fn holder(
+        &self,
+        i: usize,
+        key: Arc<str>,
+    ) -> BoxFuture<'static, Result<Option<u64>, NodeError>> {
+        self.nodes[i].holder(key)
     }
 
     fn misconfigured(&self) -> Option<ConfigError> {

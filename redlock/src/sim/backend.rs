@@ -417,6 +417,24 @@ impl SimNode {
     }
 }
 
+impl SimNode {
+    /// `GET key`, as the Redis backend reads it for [`Backend::holder`].
+    async fn holder(&self, live: Live, key: &str) -> Result<Option<u64>, NodeError> {
+        match self
+            .send(
+                &live,
+                Req::Get {
+                    key: key.to_owned(),
+                },
+            )
+            .await?
+        {
+            Resp::Bulk(v) => Ok(v.map(|v| crate::backend::fingerprint(v.as_bytes()))),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
 impl Backend for SimBackend {
     fn len(&self) -> usize {
         self.nodes.len()
@@ -446,6 +464,15 @@ impl Backend for SimBackend {
     ) -> BoxFuture<'static, Result<Option<Duration>, NodeError>> {
         let node = Arc::clone(&self.nodes[i]);
         self.nodes[i].with_live(move |live| async move { node.expiry(live, &key).await }.boxed())
+    }
+
+    fn holder(
+        &self,
+        i: usize,
+        key: Arc<str>,
+    ) -> BoxFuture<'static, Result<Option<u64>, NodeError>> {
+        let node = Arc::clone(&self.nodes[i]);
+        self.nodes[i].with_live(move |live| async move { node.holder(live, &key).await }.boxed())
     }
 
     fn extend_many(

@@ -105,6 +105,10 @@ pub(crate) enum Req {
     Pttl {
         key: String,
     },
+    /// `GET key`.
+    Get {
+        key: String,
+    },
     /// `SET key token NX PX ttl`.
     SetNx {
         key: String,
@@ -135,8 +139,15 @@ pub(crate) enum Resp {
     Int(i64),
     Ints(Vec<i64>),
     Bool(bool),
-    Hello { record: String, now_ms: String },
-    Info { uptime: String },
+    Hello {
+        record: String,
+        now_ms: String,
+    },
+    Info {
+        uptime: String,
+    },
+    /// A bulk string, or nil.
+    Bulk(Option<String>),
 }
 
 struct Value {
@@ -404,6 +415,7 @@ impl Node {
                 Resp::Ok
             }
             Req::Ping => Resp::Ok,
+            Req::Get { key } => Resp::Bulk(self.get(ms, &key).map(str::to_owned)),
             Req::Pttl { key } => Resp::Int(match self.get(ms, &key) {
                 None => -2,
                 Some(_) => self
@@ -767,6 +779,7 @@ fn describe(req: &Req) -> String {
     match req {
         Req::Hello { .. } => "HELLO".into(),
         Req::Info => "INFO".into(),
+        Req::Get { key } => format!("GET {key}"),
         Req::Pttl { key } => format!("PTTL {key}"),
         Req::SetNx { key, token, ttl_ms } => format!("SETNX {key} {token} {ttl_ms}"),
         Req::LoadScripts => "SCRIPT LOAD".into(),

@@ -55,6 +55,26 @@ pub async fn set(cluster: &Cluster, i: usize, key: &str, value: &str) {
     let () = c.set(key, value).await.expect("SET");
 }
 
+/// Deletes `key` on node `i` directly.
+pub async fn del(cluster: &Cluster, i: usize, key: &str) {
+    let mut c = cluster
+        .node(i)
+        .connection()
+        .await
+        .expect("direct connection");
+    let _: i64 = c.del(key).await.expect("DEL");
+}
+
+/// Publishes `message` on `channel` on node `i` directly.
+pub async fn publish(cluster: &Cluster, i: usize, channel: &str, message: &str) {
+    let mut c = cluster
+        .node(i)
+        .connection()
+        .await
+        .expect("direct connection");
+    let _: i64 = c.publish(channel, message).await.expect("PUBLISH");
+}
+
 /// How many nodes have a subscriber on `channel`.
 pub async fn subscribed_nodes(cluster: &Cluster, channel: &str) -> usize {
     let mut n = 0;
@@ -128,12 +148,20 @@ pub async fn metric_during<F: std::future::Future<Output = ()>>(name: &str, body
 /// of the name and the resource, as the client ranks them.
 #[allow(dead_code)]
 pub fn racing_first_node<S: AsRef<str>>(names: &[S], resource: &str) -> usize {
+    racing_ranking(names, resource)[0]
+}
+
+/// Every node, in the order racing attempts for `resource` prefer them: the first node, then
+/// the one asked first while it is passed over, and so on.
+#[allow(dead_code)]
+pub fn racing_ranking<S: AsRef<str>>(names: &[S], resource: &str) -> Vec<usize> {
+    assert!(!names.is_empty(), "at least one node");
     let fnv = |s: &str| {
         s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
             (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
         })
     };
-    (0..names.len())
-        .max_by_key(|&i| fnv(&format!("{}\n{resource}", names[i].as_ref())))
-        .expect("at least one node")
+    let mut order: Vec<usize> = (0..names.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(fnv(&format!("{}\n{resource}", names[i].as_ref()))));
+    order
 }
