@@ -1,6 +1,7 @@
 //! Terminal output: plain aligned tables, durations for people, and the spinner shown on stderr
 //! while `run --wait` waits (only when stderr is a terminal).
 
+use std::borrow::Cow;
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
@@ -48,6 +49,25 @@ impl Table {
             let _ = writeln!(out, "{}", line.trim_end());
         }
     }
+}
+
+/// `text` as one line for people: control characters (a newline, a terminal escape sequence)
+/// are written as escapes (`\n`, `\u{1b}`), so a resource name cannot split a report's line
+/// or drive the terminal. Names without them are shown unchanged; `--json` output carries the
+/// exact name.
+pub(crate) fn shown(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// `1234` ms as `1.2s`, `850` as `850ms`, `125000` as `2m5s`.

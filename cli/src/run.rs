@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 
 use crate::args::RunArgs;
 use crate::exit::{self, Failure};
-use crate::output::Spinner;
+use crate::output::{Spinner, shown};
 use crate::settings::{Settings, code_of};
 
 /// Environment variable the command gets with the lock's fence token (when it has one).
@@ -65,8 +65,10 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
     )?;
     let mut signals = signals()?;
     let resource = args.resource.as_str();
+    // The name as messages show it: on one line, whatever it holds.
+    let named = shown(resource);
 
-    let spinner = Spinner::start(format!("waiting for the lock on {resource}"), args.wait);
+    let spinner = Spinner::start(format!("waiting for the lock on {named}"), args.wait);
     let acquired = tokio::select! {
         acquired = rl.acquire(resource) => acquired,
         Some(origin) = signals.recv() => {
@@ -74,7 +76,7 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
             // The abandoned attempt releases its grants in the background: give it the time a
             // request may take before the process ends (else the keys expire with their TTL).
             tokio::time::sleep(rl.config().node_timeout * 5).await;
-            errln!("redlock: interrupted while waiting for the lock on {resource}");
+            errln!("redlock: interrupted while waiting for the lock on {named}");
             return Ok(signal_exit(origin.signal));
         }
     };
@@ -110,7 +112,7 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
     };
     if lease.is_lost() {
         let _ = guard.release().await;
-        errln!("redlock: the lock on {resource} was lost before the command started");
+        errln!("redlock: the lock on {named} was lost before the command started");
         return Ok(exit::LOST);
     }
     let mut child = match command.spawn() {
@@ -155,7 +157,7 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
                 send(Signal::SIGTERM);
                 kill_at.as_mut().reset(later(args.grace));
                 errln!(
-                    "redlock: the lock on {resource} was lost ({reason}); sent SIGTERM to the command, SIGKILL in {}",
+                    "redlock: the lock on {named} was lost ({reason}); sent SIGTERM to the command, SIGKILL in {}",
                     humantime::format_duration(args.grace)
                 );
             }
@@ -180,7 +182,7 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
         drop(kept);
     } else if let Err(e) = guard.release().await {
         errln!(
-            "redlock: warning: releasing the lock on {resource} failed ({e}); it expires with its TTL"
+            "redlock: warning: releasing the lock on {named} failed ({e}); it expires with its TTL"
         );
     }
     Ok(match (status.code(), status.signal()) {
@@ -196,6 +198,7 @@ fn signal_exit(signal: i32) -> u8 {
 }
 
 fn acquire_failure(settings: &Settings, resource: &str, wait: Duration, e: &Error) -> Failure {
+    let resource = shown(resource);
     match e {
         Error::Busy { .. } if wait.is_zero() => Failure::new(
             exit::BUSY,

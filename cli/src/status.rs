@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::args::StatusArgs;
 use crate::direct::Node;
 use crate::exit::{self, Failure};
-use crate::output::{Table, human_ms};
+use crate::output::{Table, human_ms, shown};
 use crate::settings::Settings;
 
 /// Characters of a token that are shown: as many as the library's `Token` `Display`.
@@ -146,7 +146,7 @@ async fn read(node: &Node, key: &str) -> Result<(Option<String>, i64), String> {
 fn print_table(r: &Status) {
     outln!(
         "lock {} ({} nodes, quorum {})",
-        r.key,
+        shown(&r.key),
         r.nodes_total,
         r.quorum
     );
@@ -157,7 +157,7 @@ fn print_table(r: &Status) {
             if n.reachable {
                 "yes".into()
             } else {
-                format!("no: {}", n.error.as_deref().unwrap_or(""))
+                format!("no: {}", shown(n.error.as_deref().unwrap_or("")))
             },
             if !n.reachable {
                 "?".into()

@@ -351,3 +351,73 @@ async fn a_lost_lock_stops_the_command_even_when_stderr_is_gone() {
     );
     assert_eq!(status.code(), Some(79), "{status:?}");
 }
+
+/// A resource name may hold any character the library accepts, a newline or a terminal escape
+/// sequence among them. `status` printed it raw in its first line, so its report split into
+/// two lines (and a name could drive the terminal); `run`'s own messages did the same. They
+/// show such characters escaped; `--json` keeps the exact name.
+#[tokio::test]
+async fn a_resource_name_with_control_characters_is_shown_on_one_line() {
+    let cluster = Cluster::start(1).await.unwrap();
+    let name = "job\n\u{1b}[2Jx";
+    let key = format!("redlock:lock:{name}");
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let script = format!(
+        "trap 'exit 0' TERM; touch {}; while :; do sleep 0.02; done",
+        ready.display()
+    );
+    let child = redlock([
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "--ttl",
+        "600ms",
+        name,
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ])
+    .spawn()
+    .unwrap();
+    wait_for_file(&ready).await;
+
+    let out = output(redlock(["--nodes", &nodes(&cluster), "status", name])).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let first = out.stdout.lines().next().unwrap_or_default();
+    assert_eq!(
+        first, "lock redlock:lock:job\\n\\u{1b}[2Jx (1 nodes, quorum 1)",
+        "{:?}",
+        out.stdout
+    );
+    assert!(!out.all().contains('\u{1b}'), "{:?}", out.all());
+    let json = output(redlock([
+        "--nodes",
+        &nodes(&cluster),
+        "status",
+        name,
+        "--json",
+    ]))
+    .await;
+    let json: serde_json::Value = serde_json::from_str(&json.stdout).expect("JSON");
+    assert_eq!(json["resource"], name, "the exact name in JSON");
+
+    // Taken from under the command: `run` says so on one line.
+    let mut conn = cluster.node(0).connection().await.unwrap();
+    let _: i64 = conn.del(&key).await.unwrap();
+    let out = finish(child).await;
+    assert_eq!(out.code, Some(79), "{out:?}");
+    let lost: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("was lost"))
+        .collect();
+    assert_eq!(lost.len(), 1, "{:?}", out.stderr);
+    assert!(
+        lost[0].starts_with("redlock: the lock on job\\n\\u{1b}[2Jx was lost ("),
+        "{:?}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains('\u{1b}'), "{:?}", out.stderr);
+}
