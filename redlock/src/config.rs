@@ -206,7 +206,9 @@ impl RetryPolicy {
         self
     }
 
-    /// Sets the base delay and jitter.
+    /// Sets the base delay and jitter. Any durations are accepted: times computed from them
+    /// that would overflow saturate (a `Duration::MAX` delay waits for ever, or until the
+    /// deadline).
     #[must_use]
     pub fn with_delay(mut self, delay: Duration, jitter: Duration) -> Self {
         self.delay = delay;
@@ -232,9 +234,13 @@ impl RetryPolicy {
     /// How long a waiter may queue for its turn behind this client's other waiters: the
     /// deadline if set, else roughly the time its attempts would have taken.
     pub(crate) fn wait_limit(&self, node_timeout: Duration) -> Duration {
+        // Saturating: the builder accepts any delay and jitter, `Duration::MAX` included.
         self.deadline.unwrap_or_else(|| {
-            let per_attempt = self.delay + self.jitter / 2 + node_timeout;
-            per_attempt * self.max_attempts.unwrap_or(1)
+            let per_attempt = self
+                .delay
+                .saturating_add(self.jitter / 2)
+                .saturating_add(node_timeout);
+            per_attempt.saturating_mul(self.max_attempts.unwrap_or(1))
         })
     }
 
@@ -250,9 +256,11 @@ impl RetryPolicy {
             return None;
         }
         let half = self.jitter / 2;
-        let delay = self.delay.saturating_sub(half) + self.jitter.mul_f64(unit.clamp(0.0, 1.0));
+        let spread = Duration::try_from_secs_f64(self.jitter.as_secs_f64() * unit.clamp(0.0, 1.0))
+            .unwrap_or(self.jitter);
+        let delay = self.delay.saturating_sub(half).saturating_add(spread);
         match self.deadline {
-            Some(deadline) if spent + delay >= deadline => None,
+            Some(deadline) if spent.saturating_add(delay) >= deadline => None,
             _ => Some(delay),
         }
     }
@@ -261,6 +269,19 @@ impl RetryPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn enormous_delays_saturate_instead_of_overflowing() {
+        let p = RetryPolicy::attempts(3).with_delay(Duration::MAX, Duration::MAX);
+        assert_eq!(p.wait_limit(Duration::from_millis(50)), Duration::MAX);
+        assert_eq!(
+            p.next_delay(1, Duration::from_secs(1), 0.99),
+            Some(Duration::MAX)
+        );
+        let p =
+            RetryPolicy::deadline(Duration::from_secs(2)).with_delay(Duration::MAX, Duration::ZERO);
+        assert_eq!(p.next_delay(1, Duration::from_secs(1), 0.5), None);
+    }
 
     #[test]
     fn retry_is_bounded_by_attempts_and_deadline() {

@@ -396,14 +396,15 @@ impl<B: Backend> Core<B> {
             ttl_ms: lock::ttl_ms(ttl),
             rearm,
         });
-        // The cleanup of a failed attempt publishes nothing: the holder still holds the lock,
-        // and a wake-up would send every waiter (this one too) into an attempt failing the same
-        // way, spending their retry policies in a few round trips.
+        // Until the attempt is decided, its cleanup publishes a wake-up like a release: an
+        // attempt abandoned then (its caller cancelled) may hold a quorum, which other clients'
+        // waiters were refused by and now wait to hear gone. So does the cleanup of a success
+        // thrown away (validity used up, a misconfiguration found).
         let cleanup = Arc::new(Op::Release {
             keys: Arc::clone(keys),
             token: token.clone(),
-            channels: Arc::from(Vec::<String>::new()),
-            wake: Wake::NONE,
+            channels: self.channels(resources),
+            wake: Wake::random(),
         });
         // An attempt racing other clients' waiters goes through one node first, so that the
         // racers do not split the votes (see `engine::first_node`).
@@ -419,6 +420,17 @@ impl<B: Backend> Core<B> {
             first,
         );
         let d = phase.decided().await;
+        if !d.success {
+            // The cleanup of a failed attempt publishes nothing: the holder still holds the
+            // lock, and a wake-up would send every waiter (this one too) into an attempt failing
+            // the same way, spending their retry policies in a few round trips.
+            phase.set_cleanup(Arc::new(Op::Release {
+                keys: Arc::clone(keys),
+                token: token.clone(),
+                channels: Arc::from(Vec::<String>::new()),
+                wake: Wake::NONE,
+            }));
+        }
         // A misconfiguration found while this attempt ran: none of its votes may count.
         if d.success
             && let Err(e) = self.usable()
@@ -491,10 +503,7 @@ impl<B: Backend> Core<B> {
             let mut last_attempt = false;
             if let Some(waiters) = self.waiters.as_ref().filter(|_| !policy.single_attempt()) {
                 let limit = policy.wait_limit(self.config.node_timeout);
-                _turn = match &keys[..] {
-                    [key] => waiters.turn(key, limit).await,
-                    keys => waiters.turn(&keys.join("\n"), limit).await,
-                };
+                _turn = waiters.turn(&keys, limit).await;
                 // Queued for the whole limit: one attempt, then give up.
                 last_attempt = _turn.is_none();
             }

@@ -497,6 +497,18 @@ impl<B: Backend> Phase<B> {
 
     /// Gives up the attempt now (consumes the phase; same as dropping it).
     pub(crate) fn abandon(self) {}
+
+    /// Replaces the cleanup request of a phase that has one, for an abandonment from here on
+    /// (the driver has sent none yet: it cleans up only once the phase is dropped).
+    pub(crate) fn set_cleanup(&mut self, op: Arc<Op>) {
+        if self.cleanup.is_none() {
+            return;
+        }
+        if let Some(driver) = self.driver.as_mut() {
+            driver.cleanup = Some(Arc::clone(&op));
+        }
+        self.cleanup = Some(op);
+    }
 }
 
 impl<B: Backend> Drop for Phase<B> {

@@ -196,7 +196,11 @@ pub(crate) enum Standing {
 /// Subscriptions and local turn-taking for one client.
 pub(crate) struct Waiters {
     shared: Arc<Shared>,
+    /// Queues of single-resource locks, by key.
     turns: Arc<TurnMap>,
+    /// Queues of multi-resource locks, by [`many_key`]: a map of their own, so that no single
+    /// key (which may hold any character) names the queue of a set.
+    turns_many: Arc<TurnMap>,
     clients: Vec<SubClient>,
     tasks: Mutex<Vec<Option<NodeTask>>>,
     timeout: Duration,
@@ -222,6 +226,18 @@ impl Drop for Waiters {
 /// The FIFO queues of a client's acquirers, by set of resources; each entry lives as long as
 /// someone is queued on it.
 type TurnMap = Mutex<HashMap<Arc<str>, Weak<tokio::sync::Mutex<Queue>>>>;
+
+/// The queue name of a multi-resource lock: each key with its length in front, so that no two
+/// lists of keys share a name whatever characters the keys hold (joining them with a separator
+/// let `["a", "b"]` and a single resource named `"a\nb"` share one).
+fn many_key(keys: &[String]) -> String {
+    use std::fmt::Write;
+    let mut name = String::with_capacity(keys.iter().map(|k| k.len() + 4).sum());
+    for key in keys {
+        let _ = write!(name, "{}:{key}", key.len());
+    }
+    name
+}
 
 /// The FIFO queue of one client's acquirers of one set of resources: the turns are the locks of
 /// a tokio mutex, which queues its lockers in arrival order. Leaves the map with its last
@@ -460,6 +476,7 @@ impl Waiters {
                 changed: Notify::new(),
             }),
             turns: Arc::default(),
+            turns_many: Arc::default(),
             clients,
             tasks: Mutex::new((0..n).map(|_| None).collect()),
             timeout,
@@ -467,19 +484,24 @@ impl Waiters {
         }
     }
 
-    /// Joins the FIFO queue of this client's acquirers of `key` (a set of resources) and waits
-    /// up to `limit` for its turn, which lasts until the returned [`Turn`] is dropped. `None`
-    /// when the limit passed first (the place in the queue is given up).
-    pub(crate) async fn turn(&self, key: &str, limit: Duration) -> Option<Turn> {
+    /// Joins the FIFO queue of this client's acquirers of the lock on `keys` (one queue per set
+    /// of resources) and waits up to `limit` for its turn, which lasts until the returned
+    /// [`Turn`] is dropped. `None` when the limit passed first (the place in the queue is given
+    /// up).
+    pub(crate) async fn turn(&self, keys: &[String], limit: Duration) -> Option<Turn> {
+        let (map, key) = match keys {
+            [key] => (&self.turns, std::borrow::Cow::Borrowed(key.as_str())),
+            keys => (&self.turns_many, std::borrow::Cow::Owned(many_key(keys))),
+        };
         let queue = {
-            let mut turns = lock(&self.turns);
-            match turns.get(key).and_then(Weak::upgrade) {
+            let mut turns = lock(map);
+            match turns.get(&*key).and_then(Weak::upgrade) {
                 Some(q) => q,
                 None => {
-                    let key: Arc<str> = Arc::from(key);
+                    let key: Arc<str> = Arc::from(&*key);
                     let q = Arc::new(tokio::sync::Mutex::new(Queue {
                         key: Arc::clone(&key),
-                        turns: Arc::downgrade(&self.turns),
+                        turns: Arc::downgrade(map),
                     }));
                     turns.insert(key, Arc::downgrade(&q));
                     q

@@ -13,26 +13,7 @@ use redlock_testkit::Cluster;
 use redlock_testkit::redis;
 
 /// The rules every server needs, in the order docs/operations.md prints them.
-const BASE: &[&str] = &[
-    "resetkeys",
-    "~redlock:*",
-    "resetchannels",
-    "&redlock:release:*",
-    "-@all",
-    "+evalsha",
-    "+eval",
-    "+script|load",
-    "+get",
-    "+set",
-    "+pexpire",
-    "+del",
-    "+time",
-    "+pttl",
-    "+publish",
-    "+subscribe",
-    "+unsubscribe",
-    "+ping",
-];
+const BASE: &[&str] = common::ACL_RECIPE;
 
 /// Rules whose removal the scenario cannot show in a few seconds: `UNSUBSCRIBE` is sent 30 s
 /// after a channel's last waiter left, `PING` only on a subscription connection that has nothing

@@ -165,3 +165,26 @@ pub fn racing_ranking<S: AsRef<str>>(names: &[S], resource: &str) -> Vec<usize> 
     order.sort_by_key(|&i| std::cmp::Reverse(fnv(&format!("{}\n{resource}", names[i].as_ref()))));
     order
 }
+
+/// The least-privilege ACL rules every server needs, in the order docs/operations.md prints
+/// them (tests/acl.rs runs the recipe).
+pub const ACL_RECIPE: &[&str] = &[
+    "resetkeys",
+    "~redlock:*",
+    "resetchannels",
+    "&redlock:release:*",
+    "-@all",
+    "+evalsha",
+    "+eval",
+    "+script|load",
+    "+get",
+    "+set",
+    "+pexpire",
+    "+del",
+    "+time",
+    "+pttl",
+    "+publish",
+    "+subscribe",
+    "+unsubscribe",
+    "+ping",
+];
