@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{finish, nodes, output, redlock, wait_for_file, wait_for_key};
+use common::{finish, nodes, output, redlock, until_sigterm, wait_for_file, wait_for_key};
 use redlock_testkit::Cluster;
 use redlock_testkit::redis::AsyncCommands;
 
@@ -133,10 +133,7 @@ async fn a_huge_grace_does_not_panic_when_the_lock_is_lost() {
     let cluster = Cluster::start(3).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let ready = dir.path().join("ready");
-    let script = format!(
-        "trap 'exit 0' TERM; touch {}; while :; do sleep 0.02; done",
-        ready.display()
-    );
+    let script = until_sigterm(&ready);
     let child = redlock([
         "--nodes",
         &nodes(&cluster),
@@ -363,10 +360,7 @@ async fn a_resource_name_with_control_characters_is_shown_on_one_line() {
     let key = format!("redlock:lock:{name}");
     let dir = tempfile::tempdir().unwrap();
     let ready = dir.path().join("ready");
-    let script = format!(
-        "trap 'exit 0' TERM; touch {}; while :; do sleep 0.02; done",
-        ready.display()
-    );
+    let script = until_sigterm(&ready);
     let child = redlock([
         "--nodes",
         &nodes(&cluster),

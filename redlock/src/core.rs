@@ -147,6 +147,21 @@ const LEAD_WEIGHT: f64 = 8.0;
 /// `clients_that_hear_releases_later_still_get_their_share`).
 const STAGGER_MIN: Duration = Duration::from_millis(1);
 
+/// The cleanup of an acquire attempt on `keys`: an owner-checked delete that publishes a
+/// wake-up on `channels`, or nothing with `None`.
+fn attempt_cleanup(keys: &Names, token: &Token, channels: Option<Arc<[String]>>) -> Arc<Op> {
+    let (channels, wake) = match channels {
+        Some(channels) => (channels, Wake::random()),
+        None => (Arc::from([]), Wake::NONE),
+    };
+    Arc::new(Op::Release {
+        keys: Arc::clone(keys),
+        token: token.clone(),
+        channels,
+        wake,
+    })
+}
+
 impl<B: Backend> Core<B> {
     pub(crate) fn new(config: Config, backend: B, waiters: Option<Waiters>) -> Self {
         let p = &config.key_prefix;
@@ -400,12 +415,7 @@ impl<B: Backend> Core<B> {
         // attempt abandoned then (its caller cancelled) may hold a quorum, which other clients'
         // waiters were refused by and now wait to hear gone. So does the cleanup of a success
         // thrown away (validity used up, a misconfiguration found).
-        let cleanup = Arc::new(Op::Release {
-            keys: Arc::clone(keys),
-            token: token.clone(),
-            channels: self.channels(resources),
-            wake: Wake::random(),
-        });
+        let cleanup = attempt_cleanup(keys, &token, Some(self.channels(resources)));
         // An attempt racing other clients' waiters goes through one node first, so that the
         // racers do not split the votes (see `engine::first_node`).
         let first = (racing && self.config.race_via_first_node)
@@ -424,12 +434,7 @@ impl<B: Backend> Core<B> {
             // The cleanup of a failed attempt publishes nothing: the holder still holds the
             // lock, and a wake-up would send every waiter (this one too) into an attempt failing
             // the same way, spending their retry policies in a few round trips.
-            phase.set_cleanup(Arc::new(Op::Release {
-                keys: Arc::clone(keys),
-                token: token.clone(),
-                channels: Arc::from(Vec::<String>::new()),
-                wake: Wake::NONE,
-            }));
+            phase.set_cleanup(attempt_cleanup(keys, &token, None));
         }
         // A misconfiguration found while this attempt ran: none of its votes may count.
         if d.success

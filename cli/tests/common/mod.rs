@@ -100,6 +100,15 @@ pub async fn wait_for_key(cluster: &Cluster, key: &str, count: usize) {
     }
 }
 
+/// A `sh -c` script that creates `ready` and then runs until SIGTERM, on which it exits 0:
+/// the command of a `redlock run` whose lock a test takes away.
+pub fn until_sigterm(ready: &std::path::Path) -> String {
+    format!(
+        "trap 'exit 0' TERM; touch {}; while :; do sleep 0.02; done",
+        ready.display()
+    )
+}
+
 /// Waits (bounded) until `path` exists.
 pub async fn wait_for_file(path: &std::path::Path) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
