@@ -690,6 +690,12 @@ impl fmt::Display for LostReason {
     }
 }
 
-/// A subscription command failed (the connection broke, or the node refused it).
-#[derive(Debug)]
-pub(crate) struct SubError;
+/// A subscription command failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SubError {
+    /// The connection broke, timed out, or answered what it should not: re-open it.
+    Broken,
+    /// The node refused the command for lack of permission (an ACL channel rule); the
+    /// connection is fine.
+    Refused,
+}

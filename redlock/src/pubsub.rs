@@ -64,7 +64,10 @@ impl SubClient {
     pub(crate) async fn open(&self) -> Result<(SubSink, SubStream), SubError> {
         match self {
             Self::Redis(client) => {
-                let pubsub = client.get_async_pubsub().await.map_err(|_| SubError)?;
+                let pubsub = client
+                    .get_async_pubsub()
+                    .await
+                    .map_err(|_| SubError::Broken)?;
                 let (sink, stream) = pubsub.split();
                 Ok((SubSink::Redis(sink), SubStream::Redis(stream)))
             }
@@ -77,10 +80,19 @@ impl SubClient {
     }
 }
 
+/// A refusal for lack of permission leaves the connection usable; anything else breaks it.
+fn sub_error(e: redis::RedisError) -> SubError {
+    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) {
+        SubError::Refused
+    } else {
+        SubError::Broken
+    }
+}
+
 impl SubSink {
     pub(crate) async fn subscribe(&mut self, channels: &[String]) -> Result<(), SubError> {
         match self {
-            Self::Redis(s) => s.subscribe(channels).await.map_err(|_| SubError),
+            Self::Redis(s) => s.subscribe(channels).await.map_err(sub_error),
             #[cfg(feature = "simulation")]
             Self::Sim(s) => s.subscribe(channels).await,
         }
@@ -88,7 +100,7 @@ impl SubSink {
 
     pub(crate) async fn unsubscribe(&mut self, channels: &[String]) -> Result<(), SubError> {
         match self {
-            Self::Redis(s) => s.unsubscribe(channels).await.map_err(|_| SubError),
+            Self::Redis(s) => s.unsubscribe(channels).await.map_err(sub_error),
             #[cfg(feature = "simulation")]
             Self::Sim(s) => s.unsubscribe(channels).await,
         }
@@ -96,11 +108,7 @@ impl SubSink {
 
     pub(crate) async fn ping(&mut self) -> Result<(), SubError> {
         match self {
-            Self::Redis(s) => s
-                .ping::<redis::Value>()
-                .await
-                .map(drop)
-                .map_err(|_| SubError),
+            Self::Redis(s) => s.ping::<redis::Value>().await.map(drop).map_err(sub_error),
             #[cfg(feature = "simulation")]
             Self::Sim(s) => s.ping().await,
         }

@@ -46,6 +46,12 @@ const HEARD_ELSEWHERE_MAX: usize = 1024;
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// Longest pause between attempts to re-open a subscription connection.
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// Channels per `SUBSCRIBE`: each command is bounded by the node timeout, and a client
+/// re-subscribing many thousands of channels after a re-connect must not need one reply to
+/// them all within it.
+const SUBSCRIBE_CHUNK: usize = 512;
+/// How long channels a node refused (an ACL rule) wait before they are asked for again.
+const REFUSED_RETRY: Duration = Duration::from_secs(10);
 /// The weight of the latest race in a channel's [`Channel::won_share`]: the average spans about
 /// the last 1 / `RACE_WEIGHT` races.
 const RACE_WEIGHT: f64 = 0.1;
@@ -144,6 +150,9 @@ struct NodeState {
     /// Channels the node confirmed on the open connection (and that are not being
     /// unsubscribed).
     subscribed: HashSet<String>,
+    /// Channels the node refused on the open connection (see [`NodeSub::subscribe`]): not
+    /// asked for again until [`REFUSED_RETRY`] passed or the connection is re-opened.
+    refused: HashSet<String>,
     /// The last connection attempt or command failed; cleared once the node answers again.
     down: bool,
 }
@@ -682,7 +691,7 @@ impl Waiters {
         let pending = state
             .nodes
             .iter()
-            .filter(|n| !n.down && !n.subscribed.contains(channel))
+            .filter(|n| !n.down && !n.subscribed.contains(channel) && !n.refused.contains(channel))
             .count();
         confirmed >= needed || confirmed + pending < needed
     }
@@ -754,6 +763,7 @@ impl NodeSub {
                 let mut state = lock(&shared.state);
                 let node = &mut state.nodes[self.index];
                 node.subscribed.clear();
+                node.refused.clear();
                 node.down = true;
             }
             shared.changed.notify_waiters();
@@ -772,6 +782,8 @@ impl NodeSub {
         backoff: &mut Duration,
     ) -> Ended {
         let mut verified = false;
+        // When the channels the node refused are asked for again (its ACL may have changed).
+        let mut retry_refused: Option<tokio::time::Instant> = None;
         loop {
             // Compare the connection's subscriptions with the channels of interest. A channel
             // to unsubscribe stops counting as confirmed before its UNSUBSCRIBE is sent; one
@@ -786,6 +798,7 @@ impl NodeSub {
                     channels, nodes, ..
                 } = &mut *state;
                 let node = &mut nodes[self.index];
+                node.refused.retain(|c| channels.contains_key(c));
                 let unsubscribe: Vec<String> = node
                     .subscribed
                     .iter()
@@ -797,7 +810,7 @@ impl NodeSub {
                 }
                 let subscribe: Vec<String> = channels
                     .keys()
-                    .filter(|c| !node.subscribed.contains(*c))
+                    .filter(|c| !node.subscribed.contains(*c) && !node.refused.contains(*c))
                     .cloned()
                     .collect();
                 (subscribe, unsubscribe)
@@ -810,18 +823,18 @@ impl NodeSub {
                         async move { s.unsubscribe(&unsubscribe).await },
                     )
                     .await;
-                if let Some(ended) = done {
+                if let Err(ended) = done.and_then(|r| r.map_err(|_| Ended::Broken)) {
                     return ended;
                 }
             }
             if !subscribe.is_empty() {
-                let mut s = sink.clone();
-                let channels = subscribe.clone();
-                let done = self
-                    .command(&mut stream, async move { s.subscribe(&channels).await })
-                    .await;
-                if let Some(ended) = done {
-                    return ended;
+                match self.subscribe(&sink, &mut stream, &subscribe).await {
+                    Ok(0) => {}
+                    Ok(_) => {
+                        retry_refused
+                            .get_or_insert_with(|| tokio::time::Instant::now() + REFUSED_RETRY);
+                    }
+                    Err(ended) => return ended,
                 }
             } else if !verified {
                 // Nothing to subscribe: make sure the node answers before counting it as up.
@@ -829,7 +842,7 @@ impl NodeSub {
                 let done = self
                     .command(&mut stream, async move { s.ping().await })
                     .await;
-                if let Some(ended) = done {
+                if let Err(ended) = done.and_then(|r| r.map_err(|_| Ended::Broken)) {
                     return ended;
                 }
             }
@@ -838,9 +851,7 @@ impl NodeSub {
             };
             {
                 let mut state = lock(&shared.state);
-                let node = &mut state.nodes[self.index];
-                node.subscribed.extend(subscribe);
-                node.down = false;
+                state.nodes[self.index].down = false;
                 if !verified && *reconnect {
                     // Releases published while the connection was down went unheard.
                     for c in state.channels.values_mut() {
@@ -856,10 +867,26 @@ impl NodeSub {
                 *reconnect = true;
                 *backoff = BACKOFF_MIN;
             }
-            // Forward messages until the channels of interest change.
+            // Forward messages until the channels of interest change, or the refused ones are
+            // due to be asked for again.
+            let due = retry_refused;
+            let retry = async move {
+                match due {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let mut retry = std::pin::pin!(retry);
             loop {
                 crate::det::select! {
                     () = self.poke.notified() => break,
+                    () = &mut retry => {
+                        retry_refused = None;
+                        if let Some(shared) = self.shared.upgrade() {
+                            lock(&shared.state).nodes[self.index].refused.clear();
+                        }
+                        break;
+                    }
                     msg = stream.next() => match msg {
                         Some(msg) => {
                             if !self.forward(&msg) {
@@ -873,9 +900,65 @@ impl NodeSub {
         }
     }
 
+    /// Subscribes `channels`, at most [`SUBSCRIBE_CHUNK`] per command, each command bounded by
+    /// the timeout. Each confirmed chunk counts at once. A chunk the node refuses (an ACL rule
+    /// on some of its channels: the whole command is refused) is split in halves until the
+    /// refused channels are found alone; those are recorded as refused on this node, so one
+    /// channel the node will not allow cannot keep the others unsubscribed. The number of
+    /// channels refused, or why the connection must be re-opened.
+    async fn subscribe(
+        &self,
+        sink: &SubSink,
+        stream: &mut SubStream,
+        channels: &[String],
+    ) -> Result<usize, Ended> {
+        let mut refused = 0;
+        let mut parts: Vec<&[String]> = channels.chunks(SUBSCRIBE_CHUNK).rev().collect();
+        while let Some(part) = parts.pop() {
+            let mut s = sink.clone();
+            let reply = self
+                .command(stream, async move { s.subscribe(part).await })
+                .await?;
+            let Some(shared) = self.shared.upgrade() else {
+                return Err(Ended::Gone);
+            };
+            let mut state = lock(&shared.state);
+            let node = &mut state.nodes[self.index];
+            match reply {
+                Ok(()) => node.subscribed.extend(part.iter().cloned()),
+                Err(SubError::Refused) if part.len() > 1 => {
+                    let (first, second) = part.split_at(part.len() / 2);
+                    parts.push(second);
+                    parts.push(first);
+                }
+                Err(SubError::Refused) => {
+                    if refused == 0 {
+                        tracing::warn!(
+                            node = self.index,
+                            channel = %part[0],
+                            "the node refused a subscription (an ACL channel rule?): waiters on \
+                             the channel fall back to their retry delay there"
+                        );
+                    }
+                    refused += 1;
+                    node.refused.insert(part[0].clone());
+                }
+                Err(SubError::Broken) => return Err(Ended::Broken),
+            }
+            drop(state);
+            shared.changed.notify_waiters();
+        }
+        Ok(refused)
+    }
+
     /// Runs one subscription command, bounded by the timeout, while forwarding the messages
-    /// that arrive meanwhile. `None` if it succeeded.
-    async fn command<F>(&self, stream: &mut SubStream, command: F) -> Option<Ended>
+    /// that arrive meanwhile: the node's reply, or why the connection must be re-opened (it
+    /// broke or timed out).
+    async fn command<F>(
+        &self,
+        stream: &mut SubStream,
+        command: F,
+    ) -> Result<Result<(), SubError>, Ended>
     where
         F: Future<Output = Result<(), SubError>>,
     {
@@ -884,18 +967,15 @@ impl NodeSub {
         loop {
             crate::det::select! {
                 result = &mut command => {
-                    return match result {
-                        Ok(Ok(())) => None,
-                        _ => Some(Ended::Broken),
-                    };
+                    return result.map_err(|_| Ended::Broken);
                 }
                 msg = stream.next() => match msg {
                     Some(msg) => {
                         if !self.forward(&msg) {
-                            return Some(Ended::Gone);
+                            return Err(Ended::Gone);
                         }
                     }
-                    None => return Some(Ended::Broken),
+                    None => return Err(Ended::Broken),
                 },
             }
         }

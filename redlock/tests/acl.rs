@@ -22,25 +22,6 @@ const NOT_SHOWN: &[&str] = &["+unsubscribe", "+ping"];
 
 const PASSWORD: &str = "acl-recipe-Pa55";
 
-/// `CLIENT SETINFO` (Redis ≥ 7.2, every Valkey), which redis-rs sends on connect and whose
-/// refusal it ignores: without the rule nothing breaks, but every connection adds to `ACL LOG`.
-fn has_setinfo(name: &str, version: &str) -> bool {
-    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    let v = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    name == "valkey" || v >= (7, 2)
-}
-
-/// The owner-checked delete the server has natively (docs/protocol.md): it needs its own rule.
-fn native_delete(name: &str, version: &str) -> Option<&'static str> {
-    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    let v = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    match name {
-        "valkey" if v >= (9, 0) => Some("+delifeq"),
-        "redis" if v >= (8, 4) => Some("+delex"),
-        _ => None,
-    }
-}
-
 /// Creates (or replaces) ACL user `user` with exactly `rules` on every node.
 async fn set_user(cluster: &Cluster, user: &str, rules: &[&str]) {
     for node in cluster.nodes() {
@@ -251,17 +232,6 @@ async fn server(cluster: &Cluster) -> (String, String) {
     (v.name().to_owned(), v.version().to_owned())
 }
 
-fn recipe(name: &str, version: &str) -> Vec<&'static str> {
-    let mut rules = BASE.to_vec();
-    if let Some(delete) = native_delete(name, version) {
-        rules.push(delete);
-    }
-    if has_setinfo(name, version) {
-        rules.push("+client|setinfo");
-    }
-    rules
-}
-
 #[test]
 fn the_documented_recipe_is_the_tested_one() {
     let doc = include_str!("../../docs/operations.md");
@@ -290,7 +260,7 @@ fn the_documented_recipe_is_the_tested_one() {
 async fn the_recipe_is_enough_and_every_rule_is_needed() {
     let cluster = Cluster::start(3).await.unwrap();
     let (name, version) = server(&cluster).await;
-    let rules = recipe(&name, &version);
+    let rules = common::acl_recipe(&name, &version);
 
     set_user(&cluster, "redlock", &rules).await;
     acl_log_reset(&cluster).await;
@@ -335,7 +305,7 @@ async fn the_recipe_is_enough_and_every_rule_is_needed() {
 async fn the_restart_quarantine_needs_info() {
     let cluster = Cluster::start(3).await.unwrap();
     let (name, version) = server(&cluster).await;
-    let base = recipe(&name, &version);
+    let base = common::acl_recipe(&name, &version);
     let mut with_info = base.clone();
     with_info.push("+info");
     set_user(&cluster, "noinfo", &base).await;
@@ -370,7 +340,7 @@ async fn the_restart_quarantine_needs_info() {
 async fn a_database_other_than_0_needs_select() {
     let cluster = Cluster::start(3).await.unwrap();
     let (name, version) = server(&cluster).await;
-    let base = recipe(&name, &version);
+    let base = common::acl_recipe(&name, &version);
     let mut with_select = base.clone();
     with_select.push("+select");
     set_user(&cluster, "noselect", &base).await;

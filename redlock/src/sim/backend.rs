@@ -560,7 +560,7 @@ impl SubClient {
                 },
                 stream,
             )),
-            _ => Err(SubError),
+            _ => Err(SubError::Broken),
         }
     }
 }
@@ -569,7 +569,7 @@ impl SubSink {
     async fn command(&self, req: Req) -> Result<(), SubError> {
         match self.inner.send(self.index, &self.conn, req).await {
             Ok(Resp::Ok) => Ok(()),
-            _ => Err(SubError),
+            _ => Err(SubError::Broken),
         }
     }
 

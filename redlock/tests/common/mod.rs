@@ -188,3 +188,34 @@ pub const ACL_RECIPE: &[&str] = &[
     "+unsubscribe",
     "+ping",
 ];
+
+/// `CLIENT SETINFO` (Redis ≥ 7.2, every Valkey), which redis-rs sends on connect and whose
+/// refusal it ignores: without the rule nothing breaks, but every connection adds to `ACL LOG`.
+fn has_setinfo(name: &str, version: &str) -> bool {
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let v = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    name == "valkey" || v >= (7, 2)
+}
+
+/// The owner-checked delete the server has natively (docs/protocol.md): it needs its own rule.
+fn native_delete(name: &str, version: &str) -> Option<&'static str> {
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let v = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    match name {
+        "valkey" if v >= (9, 0) => Some("+delifeq"),
+        "redis" if v >= (8, 4) => Some("+delex"),
+        _ => None,
+    }
+}
+
+/// [`ACL_RECIPE`] with the rules docs/operations.md adds for server `name` at `version`.
+pub fn acl_recipe(name: &str, version: &str) -> Vec<&'static str> {
+    let mut rules = ACL_RECIPE.to_vec();
+    if let Some(delete) = native_delete(name, version) {
+        rules.push(delete);
+    }
+    if has_setinfo(name, version) {
+        rules.push("+client|setinfo");
+    }
+    rules
+}
