@@ -47,6 +47,7 @@ mod output;
 mod run;
 mod settings;
 mod status;
+mod tree;
 
 use std::process::ExitCode;
 

@@ -115,6 +115,9 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
         errln!("redlock: the lock on {named} was lost before the command started");
         return Ok(exit::LOST);
     }
+    // Orphans of what the command starts become this process's children, so that a lost lock
+    // stops them too (Linux; elsewhere only the command itself is known).
+    let adopted = crate::tree::adopt_orphans();
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
@@ -135,8 +138,17 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
             let _ = kill(pid, signal);
         }
     };
+    // The command and every process it started (those still running).
+    let stop = |signal: Signal| {
+        send(signal);
+        if adopted {
+            crate::tree::signal_all(signal);
+        }
+    };
+    let mut reap = tokio::time::interval(REAP_EVERY);
 
     let mut lost = false;
+    let mut grace_ends = later(args.grace);
     let kill_at = tokio::time::sleep(Duration::MAX);
     tokio::pin!(kill_at);
     let status = loop {
@@ -154,8 +166,11 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
             reason = lease.lost(), if !lost => {
                 lost = true;
                 // The command is told first: nothing after this may keep it from stopping.
+                // Only the command: it may stop what it started in an order of its own (what
+                // still runs when it exits is told then).
                 send(Signal::SIGTERM);
-                kill_at.as_mut().reset(later(args.grace));
+                grace_ends = later(args.grace);
+                kill_at.as_mut().reset(grace_ends);
                 errln!(
                     "redlock: the lock on {named} was lost ({reason}); sent SIGTERM to the command, SIGKILL in {}",
                     humantime::format_duration(args.grace)
@@ -163,17 +178,26 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
             }
             () = &mut kill_at, if lost => {
                 errln!("redlock: the command outlived --grace; sending SIGKILL");
-                send(Signal::SIGKILL);
+                stop(Signal::SIGKILL);
                 kill_at.as_mut().reset(later(Duration::from_secs(3600)));
             }
+            _ = reap.tick(), if adopted => crate::tree::reap_adopted(pid),
         }
     };
     let status = status
         .map_err(|e| Failure::new(exit::OS_ERROR, format!("waiting for the command: {e}")))?;
     if lost {
+        if adopted {
+            // What the command started may outlive it: it gets SIGTERM now, and SIGKILL if it
+            // still runs at the end of the grace. Exit only once all of it is gone.
+            stop_the_rest(grace_ends, pid).await;
+        }
         // Owner-checked: deletes our key only where it is still ours.
         let _ = guard.release().await;
         return Ok(exit::LOST);
+    }
+    if adopted {
+        crate::tree::reap_adopted(pid);
     }
     if args.keep {
         // Renewal stops and nothing is deleted: the keys live out their TTL (counted from the
@@ -190,6 +214,43 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
         (None, Some(signal)) => signal_exit(signal),
         (None, None) => exit::SOFTWARE,
     })
+}
+
+/// How often orphans adopted from the command's processes are reaped while it runs.
+const REAP_EVERY: Duration = Duration::from_secs(1);
+/// How often `run` looks whether the processes the command started are gone, after the lock
+/// was lost and the command exited.
+const POLL_REST: Duration = Duration::from_millis(20);
+/// How long processes killed with SIGKILL may take to be gone before `run` exits anyway.
+const KILLED_WITHIN: Duration = Duration::from_secs(5);
+
+/// After a lost lock and the command's exit: sends SIGTERM to the processes it started that
+/// still run, and waits until they are gone, sending SIGKILL to those still running when the
+/// grace ends and waiting at most [`KILLED_WITHIN`] after that.
+async fn stop_the_rest(grace_ends: tokio::time::Instant, command: Option<Pid>) {
+    let mut killed_at: Option<tokio::time::Instant> = None;
+    crate::tree::signal_all(Signal::SIGTERM);
+    loop {
+        crate::tree::reap_adopted(command);
+        let rest = crate::tree::descendants();
+        if rest.is_empty() {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        match killed_at {
+            None if now >= grace_ends => {
+                errln!(
+                    "redlock: {} process(es) the command started outlived --grace; sending SIGKILL",
+                    rest.len()
+                );
+                crate::tree::signal_all(Signal::SIGKILL);
+                killed_at = Some(now);
+            }
+            Some(at) if now - at >= KILLED_WITHIN => return,
+            _ => {}
+        }
+        tokio::time::sleep(POLL_REST).await;
+    }
 }
 
 /// The shell's exit code for death by `signal`: 128 + its number.

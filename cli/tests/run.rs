@@ -239,6 +239,157 @@ async fn a_command_ignoring_sigterm_is_killed_after_the_grace() {
     );
 }
 
+/// Process `pid`'s state letter and parent, from `/proc/<pid>/stat`; `None` once it is gone.
+fn proc_stat(pid: i32) -> Option<(char, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The state follows the command name, which is in parentheses.
+    let mut rest = stat.rsplit_once(')')?.1.split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    Some((state, rest.next()?.parse().ok()?))
+}
+
+/// Whether process `pid` still runs (a zombie, dead but not yet reaped, does not).
+fn running(pid: i32) -> bool {
+    proc_stat(pid).is_some_and(|(state, _)| !matches!(state, 'Z' | 'X'))
+}
+
+/// Runs `script` under `redlock run --ttl 600ms --grace GRACE RESOURCE -- sh -c SCRIPT`; once
+/// the script wrote `pids` (one process id per file) and touched `ready`, deletes the lock's
+/// keys. Returns redlock's output and those of the processes that still run after it exited
+/// (killed then, so a failing test leaves nothing behind).
+async fn lose_the_lock_under(
+    resource: &str,
+    grace: &str,
+    script: &str,
+    ready: &std::path::Path,
+    pids: &[&std::path::Path],
+) -> (common::Output, Vec<i32>) {
+    let cluster = Cluster::start(3).await.unwrap();
+    let child = redlock([
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "--ttl",
+        "600ms",
+        "--grace",
+        grace,
+        resource,
+        "--",
+        "sh",
+        "-c",
+        script,
+    ])
+    .spawn()
+    .unwrap();
+    wait_for_file(ready).await;
+    let pids: Vec<i32> = pids
+        .iter()
+        .map(|f| std::fs::read_to_string(f).unwrap().trim().parse().unwrap())
+        .collect();
+    assert!(pids.iter().all(|&p| running(p)), "{pids:?} run");
+    steal(&cluster, &format!("redlock:lock:{resource}")).await;
+    let out = finish(child).await;
+    let left: Vec<i32> = pids.into_iter().filter(|&p| running(p)).collect();
+    for &p in &left {
+        let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+    }
+    (out, left)
+}
+
+/// The lock is lost while the command's shell waits for processes it started: one in the
+/// background, and one whose parent exited at once (a double fork, as daemons do). The shell
+/// dies of the SIGTERM; what it started must not run on unprotected after `redlock` exits 79.
+#[tokio::test]
+async fn a_lost_lock_stops_what_the_command_started_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ready, first, second) = (
+        dir.path().join("ready"),
+        dir.path().join("first"),
+        dir.path().join("second"),
+    );
+    let script = format!(
+        // (Their output goes elsewhere: the test reads redlock's until it closes.)
+        "exec >/dev/null 2>&1; sleep 30 & echo $! > {first}; (sleep 30 & echo $! > {second}); \
+         touch {ready}; wait",
+        first = first.display(),
+        second = second.display(),
+        ready = ready.display()
+    );
+    let (out, left) = lose_the_lock_under("tree", "2s", &script, &ready, &[&first, &second]).await;
+    assert_eq!(out.code, Some(79), "{out:?}");
+    assert!(
+        left.is_empty(),
+        "processes the command started still run after redlock exited 79: {left:?}"
+    );
+}
+
+/// A process the command started that ignores SIGTERM gets SIGKILL at the end of the grace,
+/// after the command itself is gone, and `redlock` exits 79 only once it is gone too.
+#[tokio::test]
+async fn a_started_process_ignoring_sigterm_is_killed_after_the_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ready, stubborn) = (dir.path().join("ready"), dir.path().join("stubborn"));
+    let script = format!(
+        "exec >/dev/null 2>&1; (trap '' TERM; exec sleep 30) & echo $! > {stubborn}; \
+         touch {ready}; wait",
+        stubborn = stubborn.display(),
+        ready = ready.display()
+    );
+    let (out, left) =
+        lose_the_lock_under("stubborn-tree", "500ms", &script, &ready, &[&stubborn]).await;
+    assert_eq!(out.code, Some(79), "{out:?}");
+    assert!(
+        left.is_empty(),
+        "{left:?} ignored SIGTERM and still runs after redlock exited"
+    );
+    assert!(
+        out.stderr.contains("outlived --grace; sending SIGKILL"),
+        "{}",
+        out.stderr
+    );
+}
+
+/// `run` adopts the orphans of what the command starts (to stop them when the lock is lost),
+/// so it must also collect their exit status: short-lived daemons must not pile up as zombies
+/// under it while the command runs.
+#[tokio::test]
+async fn adopted_orphans_do_not_stay_zombies() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let script = format!(
+        "exec >/dev/null 2>&1; for i in 1 2 3 4 5; do (sleep 0.1 &); done; touch {}; sleep 5",
+        ready.display()
+    );
+    let child = redlock([
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "orphans",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ])
+    .spawn()
+    .unwrap();
+    let me = i32::try_from(child.id().unwrap()).unwrap();
+    wait_for_file(&ready).await;
+    // The orphans are dead after 0.1 s; `run` collects them within a second or so.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let zombies: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| proc_stat(pid) == Some(('Z', me)))
+        .collect();
+    let _ = kill(Pid::from_raw(me), Signal::SIGTERM);
+    let out = finish(child).await;
+    assert!(
+        zombies.is_empty(),
+        "zombies under redlock: {zombies:?}; {out:?}"
+    );
+}
+
 #[tokio::test]
 async fn quorum_unreachable_exits_69() {
     let cluster = Cluster::start(3).await.unwrap();
