@@ -50,6 +50,11 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// re-subscribing many thousands of channels after a re-connect must not need one reply to
 /// them all within it.
 const SUBSCRIBE_CHUNK: usize = 512;
+/// How many times one round of subscriptions may split a refused `SUBSCRIBE` in halves to find
+/// the refused channels. Past that, a refused command's channels all count as refused until
+/// they are asked for again: a user that may subscribe no channel would otherwise cost the node
+/// about two commands per channel every [`REFUSED_RETRY`].
+const REFUSED_SPLITS: usize = 32;
 /// How long channels a node refused (an ACL rule) wait before they are asked for again.
 const REFUSED_RETRY: Duration = Duration::from_secs(10);
 /// The weight of the latest race in a channel's [`Channel::won_share`]: the average spans about
@@ -903,9 +908,9 @@ impl NodeSub {
     /// Subscribes `channels`, at most [`SUBSCRIBE_CHUNK`] per command, each command bounded by
     /// the timeout. Each confirmed chunk counts at once. A chunk the node refuses (an ACL rule
     /// on some of its channels: the whole command is refused) is split in halves until the
-    /// refused channels are found alone; those are recorded as refused on this node, so one
-    /// channel the node will not allow cannot keep the others unsubscribed. The number of
-    /// channels refused, or why the connection must be re-opened.
+    /// refused channels are found alone (at most [`REFUSED_SPLITS`] splits); those are recorded
+    /// as refused on this node, so one channel the node will not allow cannot keep the others
+    /// unsubscribed. The number of channels refused, or why the connection must be re-opened.
     async fn subscribe(
         &self,
         sink: &SubSink,
@@ -914,6 +919,8 @@ impl NodeSub {
     ) -> Result<usize, Ended> {
         let mut refused = 0;
         let mut parts: Vec<&[String]> = channels.chunks(SUBSCRIBE_CHUNK).rev().collect();
+        // Splits left: each costs one more command.
+        let mut splits = REFUSED_SPLITS;
         while let Some(part) = parts.pop() {
             let mut s = sink.clone();
             let reply = self
@@ -926,7 +933,8 @@ impl NodeSub {
             let node = &mut state.nodes[self.index];
             match reply {
                 Ok(()) => node.subscribed.extend(part.iter().cloned()),
-                Err(SubError::Refused) if part.len() > 1 => {
+                Err(SubError::Refused) if part.len() > 1 && splits > 0 => {
+                    splits -= 1;
                     let (first, second) = part.split_at(part.len() / 2);
                     parts.push(second);
                     parts.push(first);
@@ -940,8 +948,8 @@ impl NodeSub {
                              the channel fall back to their retry delay there"
                         );
                     }
-                    refused += 1;
-                    node.refused.insert(part[0].clone());
+                    refused += part.len();
+                    node.refused.extend(part.iter().cloned());
                 }
                 Err(SubError::Broken) => return Err(Ended::Broken),
             }

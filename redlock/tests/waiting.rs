@@ -257,6 +257,12 @@ const ACL_PASSWORD: &str = "review-Pa55";
 /// A user allowed every lock key but only the release channels of resources `ok*`: everything
 /// of the documented recipe (docs/operations.md) except a narrower channel pattern.
 async fn set_narrow_channel_user(cluster: &Cluster, user: &str) {
+    set_channel_user(cluster, user, Some("&redlock:release:ok*")).await;
+}
+
+/// Creates ACL user `user`: the recipe with its channel rule replaced by `channels` (or left
+/// out: no channel allowed).
+async fn set_channel_user(cluster: &Cluster, user: &str, channels: Option<&str>) {
     let server = cluster.server_version().await.unwrap();
     let (name, version) = (server.name(), server.version());
     for node in cluster.nodes() {
@@ -269,12 +275,11 @@ async fn set_narrow_channel_user(cluster: &Cluster, user: &str) {
             .arg(format!(">{ACL_PASSWORD}"));
         // The recipe with a narrower channel pattern.
         for rule in common::acl_recipe(name, version) {
-            let rule = if rule == "&redlock:release:*" {
-                "&redlock:release:ok*"
-            } else {
-                rule
+            match (rule, channels) {
+                ("&redlock:release:*", Some(rule)) => cmd.arg(rule),
+                ("&redlock:release:*", None) => continue,
+                (rule, _) => cmd.arg(rule),
             };
-            cmd.arg(rule);
         }
         let () = cmd.query_async(&mut c).await.unwrap();
     }
@@ -491,6 +496,69 @@ async fn many_channels_are_subscribed_but_the_refused_one_after_a_reconnect_too(
     assert!(
         all.iter().all(|&s| s == MANY),
         "once the ACL allows it, the refused channel should be subscribed too: {all:?}"
+    );
+}
+
+/// Rejected `SUBSCRIBE` commands on node `i` so far (`INFO commandstats`).
+async fn rejected_subscribes(cluster: &Cluster, i: usize) -> u64 {
+    let mut c = cluster.node(i).connection().await.unwrap();
+    let info: String = redlock_testkit::redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_subscribe:"))
+        .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("rejected_calls=")))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+/// A user that may subscribe no channel at all (the channel rule left out) with many waiters:
+/// every channel is refused. Finding the refused channels by splitting refused commands must
+/// not cost the node about two commands per channel every time they are asked for again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding_refused_channels_costs_a_bounded_number_of_commands() {
+    const MANY: usize = 1000;
+    let cluster = Cluster::start(3).await.expect("cluster");
+    set_channel_user(&cluster, "tenant", None).await;
+    let holder = common::client(direct_urls(&cluster), Duration::from_secs(60));
+    let waiter = tenant_client(
+        &cluster,
+        Duration::from_millis(500),
+        Duration::from_secs(30),
+    );
+    let names: Vec<String> = (0..MANY).map(|i| format!("r{i}")).collect();
+    let held: Vec<_> = futures_util::stream::iter(names.clone())
+        .map(|name| {
+            let holder = holder.clone();
+            async move { holder.acquire(&name).await.expect("holder acquires") }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let before = rejected_subscribes(&cluster, 0).await;
+    let mut tasks = Vec::new();
+    for batch in names.chunks(100) {
+        for name in batch {
+            let (w, name) = (waiter.clone(), name.clone());
+            tasks.push(tokio::spawn(async move { w.acquire(&name).await }));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rejected = rejected_subscribes(&cluster, 0).await - before;
+    println!("rejected SUBSCRIBE commands on node 0 for {MANY} refused channels: {rejected}");
+    for t in &tasks {
+        t.abort();
+    }
+    for lock in held {
+        let _ = holder.release(lock).await;
+    }
+    // Each batch of waiters starts a round; each round may split its refused command a bounded
+    // number of times (not once per channel).
+    assert!(
+        rejected < 1000,
+        "{rejected} rejected SUBSCRIBE commands for {MANY} refused channels"
     );
 }
 
