@@ -262,6 +262,13 @@ pub(crate) fn malformed_from_backend(message: &str) -> FenceError {
         "node name longer than 128 bytes" => FenceError::InvalidNodeName {
             reason: "node name longer than MAX_NODE_NAME_LEN bytes",
         },
+        "node name contains a NUL byte" => FenceError::InvalidNodeName {
+            reason: "node name contains a NUL byte",
+        },
+        "node name is not UTF-8" => FenceError::MalformedToken {
+            position: 0,
+            reason: "node name is not UTF-8",
+        },
         STAMP_REASON => FenceError::MalformedToken {
             position: 0,
             reason: STAMP_REASON,

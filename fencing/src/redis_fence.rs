@@ -27,14 +27,19 @@ pub const DEFAULT_REDIS_PREFIX: &str = "fence:";
 /// Malformed arguments are an error reply `FENCEMALFORMED malformed fence token: …` before
 /// anything is read or written, with the checks, order and wording of the PostgreSQL function
 /// (see `malformed_from_backend`): the argument count must match n, 1 ≤ n ≤ 32, names are at
-/// most 128 bytes and empty only in a single claim (a scalar token), stamps are canonical
-/// decimals from 0 to 2^63 − 1, no node twice.
+/// most 128 bytes, UTF-8 without a NUL byte, and empty only in a single claim (a scalar
+/// token), stamps are canonical decimals from 0 to 2^63 − 1, no node twice. (PostgreSQL text
+/// cannot hold the names the script refuses for their bytes: they never reach the function.)
+/// A `PX` count above 100 years ([`MAX_EXPIRY`]) is refused before anything is written, like
+/// any other bad count: `SET` itself refuses counts that overflow the server's clock, which
+/// would come after the high water was raised.
 ///
 /// Stamps are compared as canonical decimal strings (length first, then bytes), not as Lua
 /// numbers: those are doubles and would round stamps above 2^53. That is why non-canonical
 /// stamps (`007`, `+7`, `7.0`) are rejected rather than compared.
 const ADMIT_SRC: &str = r"
 local MAX_STAMP = '9223372036854775807'
+local MAX_PX = '3153600000000'
 local function below(a, b)
   if #a ~= #b then return #a < #b end
   return a < b
@@ -43,6 +48,30 @@ local function canonical(s)
   if not string.find(s, '^[0-9]+$') then return false end
   if #s > 1 and string.byte(s, 1) == 48 then return false end
   return not below(MAX_STAMP, s)
+end
+local function utf8(s)
+  local i, n = 1, #s
+  while i <= n do
+    local c = string.byte(s, i)
+    local len
+    if c < 128 then len = 1
+    elseif c >= 194 and c <= 223 then len = 2
+    elseif c >= 224 and c <= 239 then len = 3
+    elseif c >= 240 and c <= 244 then len = 4
+    else return false end
+    if i + len - 1 > n then return false end
+    for j = i + 1, i + len - 1 do
+      local d = string.byte(s, j)
+      if d < 128 or d > 191 then return false end
+    end
+    local d = string.byte(s, i + 1)
+    if (c == 224 and d < 160) or (c == 237 and d > 159)
+      or (c == 240 and d < 144) or (c == 244 and d > 143) then
+      return false
+    end
+    i = i + len
+  end
+  return true
 end
 local function malformed(reason, i)
   if i then reason = 'claim ' .. i .. ': ' .. reason end
@@ -70,6 +99,10 @@ for i = 1, n do
     return malformed('empty node name in a token of several claims', i)
   elseif #node > 128 then
     return malformed('node name longer than 128 bytes', i)
+  elseif string.find(node, '%z') then
+    return malformed('node name contains a NUL byte', i)
+  elseif not utf8(node) then
+    return malformed('node name is not UTF-8', i)
   elseif not canonical(stamp) then
     return malformed('stamp is not an integer from 0 to 2^63 - 1', i)
   elseif seen[node] then
@@ -79,8 +112,8 @@ for i = 1, n do
 end
 if extra == 3 then
   local ms = ARGV[2 * n + 4]
-  if not canonical(ms) or ms == '0' then
-    return redis.error_reply('ERR fence write: PX takes a whole number of milliseconds, at least 1')
+  if not canonical(ms) or ms == '0' or below(MAX_PX, ms) then
+    return redis.error_reply('ERR fence write: PX takes a whole number of milliseconds, from 1 to ' .. MAX_PX .. ' (100 years)')
   end
 end
 
@@ -119,6 +152,7 @@ return {1, {}}
 
 // The script spells these caps out.
 const _: () = assert!(MAX_CLAIMS == 32 && MAX_NODE_NAME_LEN == 128);
+const _: () = assert!(MAX_EXPIRY.as_millis() == 3_153_600_000_000);
 
 /// The error code of the script's malformed-input error reply.
 const MALFORMED_CODE: &str = "FENCEMALFORMED";
@@ -204,8 +238,8 @@ impl RedisFence {
     /// when admitted ([`register_key`](Self::register_key)); `ARGV[1]` = the number of
     /// claims `n`, `ARGV[2..2n+1]` = node, stamp pairs (stamps in canonical decimal), then,
     /// with `KEYS[2]`, the value to set, optionally followed by `KEEPTTL` or by `PX` and a
-    /// count of milliseconds ≥ 1 (see [`Expiry`]; a bad count is an `ERR fence write: …`
-    /// reply before anything is written). Replies `{code, high_water}`: 1 advanced, 2 repeated,
+    /// count of milliseconds from 1 to 3,153,600,000,000 (100 years; see [`Expiry`]; a bad
+    /// count is an `ERR fence write: …` reply before anything is written). Replies `{code, high_water}`: 1 advanced, 2 repeated,
     /// -1 stale, -2 unrelated; `high_water` is the flat `HGETALL` on a rejection. Malformed
     /// arguments get the error reply `FENCEMALFORMED malformed fence token: <reason>` and
     /// change nothing; `RedisFence` maps that reply to a typed error
@@ -224,9 +258,12 @@ impl RedisFence {
         format!("{}val:{name}", self.prefix)
     }
 
-    /// Checks `token` against `resource`'s high water and advances it when admitted. Pair it
-    /// with a write in the same `MULTI`/script only if you need atomicity; otherwise prefer
-    /// [`set_if_admitted`](Self::set_if_admitted), which writes in the same script.
+    /// Checks `token` against `resource`'s high water and advances it when admitted. The
+    /// protected write must depend on the answer: make it only after `Ok` came back (and
+    /// know that another holder may be admitted between the two), or let the script make it
+    /// with [`set_if_admitted`](Self::set_if_admitted), which writes only when admitted. Never
+    /// queue the write beside the admission in one `MULTI`/`EXEC`: a transaction runs every
+    /// queued command whatever the script answered, so a stale holder's write lands.
     ///
     /// # Errors
     ///

@@ -590,3 +590,103 @@ async fn fenced_writes_set_or_keep_an_expiry() {
         Some(40)
     );
 }
+
+/// `eval_raw` with arguments that need not be UTF-8.
+async fn eval_bytes(
+    conn: &mut redlock_testkit::redis::aio::MultiplexedConnection,
+    args: &[&[u8]],
+    value: &str,
+) -> RawReply {
+    let fence = RedisFence::new();
+    let mut cmd = redlock_testkit::redis::cmd("EVAL");
+    cmd.arg(RedisFence::script_source())
+        .arg(2)
+        .arg(fence.high_water_key("r"))
+        .arg(fence.register_key("r"));
+    for a in args {
+        cmd.arg(*a);
+    }
+    cmd.arg(value).query_async(conn).await
+}
+
+/// Node names the token types refuse (a NUL byte; bytes that are not UTF-8) are refused by the
+/// script too, as malformed and before anything is written. It admitted both; with a name that
+/// is not UTF-8 stored, `RedisFence::high_water` failed on the resource, and a stale token came
+/// back as a backend error (outcome unknown) instead of `Stale`.
+#[tokio::test]
+async fn script_rejects_node_names_the_token_types_refuse() {
+    let (_cluster, mut conn) = a_at_10().await;
+    let cases: [(&str, &[u8], &str); 3] = [
+        ("a NUL byte", b"n\0x", "node name contains a NUL byte"),
+        (
+            "bytes that are not UTF-8",
+            b"\xff\xfe",
+            "node name is not UTF-8",
+        ),
+        (
+            "a UTF-16 surrogate in UTF-8 form",
+            b"\xed\xa0\x80",
+            "node name is not UTF-8",
+        ),
+    ];
+    for (what, name, reason) in cases {
+        let reply = eval_bytes(&mut conn, &[b"2", b"a", b"11", name, b"11"], "bad").await;
+        let err = expect_malformed(what, reply);
+        let typed = FenceError::from_malformed_message(err.detail().unwrap_or_default());
+        assert!(
+            typed.to_string().contains(reason),
+            "{what}: maps to {typed:?}, not the token types' reason {reason:?}"
+        );
+        assert_unchanged(&mut conn, what).await;
+    }
+    // Names that are UTF-8 beyond ASCII stay valid.
+    let reply = eval_bytes(
+        &mut conn,
+        &[
+            b"2",
+            b"a",
+            b"11",
+            "n\u{e9}\u{4e2d}\u{1f512}".as_bytes(),
+            b"11",
+        ],
+        "ok",
+    )
+    .await;
+    assert_eq!(reply.unwrap().0, 1);
+}
+
+/// A `PX` count the script let through but `SET` refuses (it overflows the server's clock)
+/// failed only after the high water had been raised: the mark rose and the write was lost,
+/// against "a bad count is an `ERR fence write: …` reply before anything is written". Counts
+/// are capped at 100 years, as `Expiry::After` is.
+#[tokio::test]
+async fn script_rejects_a_px_count_set_would_refuse_before_writing() {
+    let (_cluster, mut conn) = a_at_10().await;
+    for ms in ["9223372036854775807", "3153600000001"] {
+        let fence = RedisFence::new();
+        let mut cmd = redlock_testkit::redis::cmd("EVAL");
+        cmd.arg(RedisFence::script_source())
+            .arg(2)
+            .arg(fence.high_water_key("r"))
+            .arg(fence.register_key("r"))
+            .arg(&["1", "a", "70", "v70", "PX", ms]);
+        let reply: RawReply = cmd.query_async(&mut conn).await;
+        let hw = fence.high_water(&mut conn, "r").await.unwrap();
+        match reply {
+            Err(e) if e.to_string().contains("fence write") => {}
+            other => panic!("PX {ms}: answered {other:?} (high water now {hw})"),
+        }
+        assert_eq!(hw, HighWater::from_entries([("a", 10)]), "PX {ms}");
+        assert_unchanged(&mut conn, &format!("PX {ms}")).await;
+    }
+    // The longest count allowed is written with its expiry.
+    let fence = RedisFence::new();
+    let mut cmd = redlock_testkit::redis::cmd("EVAL");
+    cmd.arg(RedisFence::script_source())
+        .arg(2)
+        .arg(fence.high_water_key("r"))
+        .arg(fence.register_key("r"))
+        .arg(&["1", "a", "70", "v70", "PX", "3153600000000"]);
+    let reply: RawReply = cmd.query_async(&mut conn).await;
+    assert_eq!(reply.unwrap().0, 1);
+}
