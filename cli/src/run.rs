@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use redlock::{Error, RetryPolicy};
+use redlock::{Error, LostReason, RetryPolicy};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
 use signal_hook::iterator::SignalsInfo;
 use signal_hook::iterator::exfiltrator::WithOrigin;
@@ -138,11 +138,11 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
             let _ = kill(pid, signal);
         }
     };
-    // The command and every process it started (those still running).
-    let stop = |signal: Signal| {
-        send(signal);
+    // SIGKILL to the command and every process it started.
+    let kill_all = || {
+        send(Signal::SIGKILL);
         if adopted {
-            crate::tree::signal_all(signal);
+            crate::tree::stop_all();
         }
     };
     let mut reap = tokio::time::interval(REAP_EVERY);
@@ -178,7 +178,7 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
             }
             () = &mut kill_at, if lost => {
                 errln!("redlock: the command outlived --grace; sending SIGKILL");
-                stop(Signal::SIGKILL);
+                kill_all();
                 kill_at.as_mut().reset(later(Duration::from_secs(3600)));
             }
             _ = reap.tick(), if adopted => crate::tree::reap_adopted(pid),
@@ -186,14 +186,27 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
     };
     let status = status
         .map_err(|e| Failure::new(exit::OS_ERROR, format!("waiting for the command: {e}")))?;
+    // The command's exit and the loss may be ready together, and the loss is also found by the
+    // lease's own clock (a process stalled past the validity): a lock lost by now was lost
+    // while the command ran, whichever the wait saw first.
+    if !lost && lease.is_lost() {
+        lost = true;
+        let reason = lease.reason().unwrap_or(LostReason::Expired);
+        errln!("redlock: the lock on {named} was lost ({reason}) before the command exited");
+    }
     if lost {
         if adopted {
             // What the command started may outlive it: it gets SIGTERM now, and SIGKILL if it
             // still runs at the end of the grace. Exit only once all of it is gone.
             stop_the_rest(grace_ends, pid).await;
         }
-        // Owner-checked: deletes our key only where it is still ours.
-        let _ = guard.release().await;
+        if args.keep {
+            // Lost through --max-hold, our keys are still there: --keep deletes nothing.
+            drop(guard.stop_renewal());
+        } else {
+            // Owner-checked: deletes our key only where it is still ours.
+            let _ = guard.release().await;
+        }
         return Ok(exit::LOST);
     }
     if adopted {
@@ -225,29 +238,30 @@ const POLL_REST: Duration = Duration::from_millis(20);
 const KILLED_WITHIN: Duration = Duration::from_secs(5);
 
 /// After a lost lock and the command's exit: sends SIGTERM to the processes it started that
-/// still run, and waits until they are gone, sending SIGKILL to those still running when the
-/// grace ends and waiting at most [`KILLED_WITHIN`] after that.
+/// still run, and waits until this process has no child left (see `tree::none_left`), killing
+/// what is left when the grace ends (again on every look, see `tree::stop_all`) and waiting at
+/// most [`KILLED_WITHIN`] after that.
 async fn stop_the_rest(grace_ends: tokio::time::Instant, command: Option<Pid>) {
     let mut killed_at: Option<tokio::time::Instant> = None;
     crate::tree::signal_all(Signal::SIGTERM);
     loop {
         crate::tree::reap_adopted(command);
-        let rest = crate::tree::descendants();
-        if rest.is_empty() {
+        if crate::tree::none_left() {
             return;
         }
         let now = tokio::time::Instant::now();
-        match killed_at {
-            None if now >= grace_ends => {
+        if now >= grace_ends {
+            if killed_at.is_none() {
                 errln!(
                     "redlock: {} process(es) the command started outlived --grace; sending SIGKILL",
-                    rest.len()
+                    crate::tree::descendants().len()
                 );
-                crate::tree::signal_all(Signal::SIGKILL);
                 killed_at = Some(now);
             }
-            Some(at) if now - at >= KILLED_WITHIN => return,
-            _ => {}
+            crate::tree::stop_all();
+        }
+        if killed_at.is_some_and(|at| now - at >= KILLED_WITHIN) {
+            return;
         }
         tokio::time::sleep(POLL_REST).await;
     }

@@ -27,7 +27,6 @@ pub(crate) fn adopt_orphans() -> bool {
 struct Entry {
     pid: i32,
     parent: i32,
-    zombie: bool,
 }
 
 /// Every process `/proc` lists (those that vanish while it is read are skipped).
@@ -40,19 +39,17 @@ fn processes() -> Vec<Entry> {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
         // `pid (comm) state ppid …`; the command name may hold spaces and parentheses.
         let mut rest = stat.rsplit_once(')')?.1.split_whitespace();
-        let state = rest.next()?;
+        let _state = rest.next()?;
         let parent = rest.next()?.parse().ok()?;
-        Some(Entry {
-            pid,
-            parent,
-            zombie: matches!(state, "Z" | "X"),
-        })
+        Some(Entry { pid, parent })
     })
     .collect()
 }
 
-/// The live descendants of this process: its children (the command, and orphans it adopted),
-/// their children, and so on.
+/// The descendants of this process `/proc` shows now: its children (the command, and orphans
+/// it adopted), their children, and so on. Zombies are included: a process whose main thread
+/// ended while its other threads run shows as one, and signalling a real zombie does nothing.
+/// A process that forks while `/proc` is read may be missed; see [`stop_all`].
 pub(crate) fn descendants() -> Vec<Pid> {
     let all = processes();
     let me = i32::try_from(std::process::id()).unwrap_or(0);
@@ -61,21 +58,68 @@ pub(crate) fn descendants() -> Vec<Pid> {
     while let Some(parent) = parents.pop() {
         for e in all.iter().filter(|e| e.parent == parent) {
             parents.push(e.pid);
-            if !e.zombie {
-                found.push(Pid::from_raw(e.pid));
-            }
+            found.push(Pid::from_raw(e.pid));
         }
     }
     found
 }
 
-/// Sends `signal` to every live descendant; how many there were.
+/// Sends `signal` to every descendant found; how many there were.
 pub(crate) fn signal_all(signal: Signal) -> usize {
     let all = descendants();
     for &pid in &all {
         let _ = kill(pid, signal);
     }
     all.len()
+}
+
+/// Scans for the descendants repeatedly, stopping (SIGSTOP) each one found, until a scan finds
+/// none it had not stopped (at most [`FREEZE_SCANS`] scans), then sends SIGKILL to all of them.
+/// A stopped process cannot fork, so a process tree that forks while it is being killed (a job
+/// runner, a process moving to a new pid by forking and exiting) cannot outrun the scans, as it
+/// could a single SIGKILL pass. The process groups the stopped processes lead or belong to,
+/// except this process's own, get the signals too.
+pub(crate) fn stop_all() {
+    let own_group = nix::unistd::getpgrp();
+    let mut stopped: std::collections::HashSet<Pid> = std::collections::HashSet::new();
+    let mut groups: std::collections::HashSet<Pid> = std::collections::HashSet::new();
+    for _ in 0..FREEZE_SCANS {
+        let new: Vec<Pid> = descendants()
+            .into_iter()
+            .filter(|p| !stopped.contains(p))
+            .collect();
+        if new.is_empty() {
+            break;
+        }
+        for pid in new {
+            let _ = kill(pid, Signal::SIGSTOP);
+            if let Ok(group) = nix::unistd::getpgid(Some(pid))
+                && group != own_group
+                && groups.insert(group)
+            {
+                let _ = kill(Pid::from_raw(-group.as_raw()), Signal::SIGSTOP);
+            }
+            stopped.insert(pid);
+        }
+    }
+    for &group in &groups {
+        let _ = kill(Pid::from_raw(-group.as_raw()), Signal::SIGKILL);
+    }
+    for &pid in &stopped {
+        let _ = kill(pid, Signal::SIGKILL);
+    }
+}
+
+/// Scans [`stop_all`] makes at most in one call.
+const FREEZE_SCANS: usize = 64;
+
+/// Whether this process has no child left, living or dead. As the child subreaper of its
+/// descendants, it then has no descendant either: the kernel's answer, not a scan of `/proc`
+/// that a forking process can slip through.
+pub(crate) fn none_left() -> bool {
+    use nix::sys::wait::{Id, WaitPidFlag, waitid};
+    let peek = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    matches!(waitid(Id::All, peek), Err(nix::errno::Errno::ECHILD))
 }
 
 /// Collects the exit status of adopted orphans that died, so they do not stay zombies while

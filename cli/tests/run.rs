@@ -5,11 +5,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{finish, nodes, output, redlock, wait_for_file, wait_for_key};
+use common::{finish, nodes, output, redlock, steal, wait_for_file, wait_for_key};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use redlock_testkit::Cluster;
-use redlock_testkit::redis::AsyncCommands;
 
 #[tokio::test]
 async fn passes_resource_and_fence_token_and_returns_the_exit_code() {
@@ -162,14 +161,6 @@ async fn a_command_killed_by_a_signal_exits_128_plus_it() {
     ]))
     .await;
     assert_eq!(out.code, Some(128 + 9), "{out:?}");
-}
-
-/// Deletes the lock key on every node: the next renewal finds it missing everywhere.
-async fn steal(cluster: &Cluster, key: &str) {
-    for node in cluster.nodes() {
-        let mut conn = node.connection().await.unwrap();
-        let _: i64 = conn.del(key).await.unwrap();
-    }
 }
 
 #[tokio::test]

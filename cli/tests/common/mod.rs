@@ -127,3 +127,13 @@ pub fn assert_clean_failure(out: &Output) {
     assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
     assert!(!out.stderr.trim().is_empty(), "a message is printed");
 }
+
+/// Deletes the lock key `key` on every node: the next renewal finds it gone everywhere, and
+/// the lock is lost.
+pub async fn steal(cluster: &Cluster, key: &str) {
+    use redlock_testkit::redis::AsyncCommands;
+    for node in cluster.nodes() {
+        let mut conn = node.connection().await.unwrap();
+        let _: i64 = conn.del(key).await.unwrap();
+    }
+}
