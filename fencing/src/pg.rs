@@ -163,10 +163,13 @@ pub struct PgSequence {
 
 impl PgSequence {
     /// A sequence called `name` (`name` or `schema.name`, lower-case letters, digits, `_`).
+    /// Name the schema: an unqualified name is looked up through the caller's search path, so
+    /// a session with a temporary sequence of the same name would draw from that one.
     ///
     /// # Errors
     ///
-    /// [`FenceError::InvalidConfig`] for any other name.
+    /// [`FenceError::InvalidConfig`] for any other name, and for a temporary schema
+    /// (`pg_temp`, `pg_temp_<n>`), whose sequence every session would have its own of.
     pub fn new(name: &str) -> Result<Self, FenceError> {
         check_ident(name)?;
         Ok(Self {

@@ -9,8 +9,10 @@ use crate::token::{MAX_CLAIMS, MAX_NODE_NAME_LEN, TokenRef};
 // The admission function spells these caps out.
 const _: () = assert!(MAX_CLAIMS == 32 && MAX_NODE_NAME_LEN == 128);
 
-/// Default table of [`PgFence`]; its admission function is `fencing_high_water_admit`.
-pub const DEFAULT_PG_TABLE: &str = "fencing_high_water";
+/// Default table of [`PgFence`]; its admission function is `public.fencing_high_water_admit`.
+/// Schema-qualified, so that every session uses the same table and functions whatever its
+/// search path (see [`PgFence::with_table`]).
+pub const DEFAULT_PG_TABLE: &str = "public.fencing_high_water";
 
 /// Admission kept in PostgreSQL, for resources stored in the same database.
 ///
@@ -67,7 +69,7 @@ impl Default for PgFence {
 }
 
 impl PgFence {
-    /// A fence on [`DEFAULT_PG_TABLE`] in the search path.
+    /// A fence on [`DEFAULT_PG_TABLE`] (`public.fencing_high_water`).
     pub fn new() -> Self {
         Self::build(DEFAULT_PG_TABLE.to_owned())
     }
@@ -76,9 +78,16 @@ impl PgFence {
     /// at most 48 bytes per part, so that the function name `<table>_admit` is a valid
     /// identifier).
     ///
+    /// Name the schema. An unqualified name is looked up through each session's search path
+    /// when `create_schema` runs and at every admission: sessions with different search paths
+    /// (or a schema named after the role that appears later, with the default path
+    /// `"$user", public`) would use different tables, and admit a stale token.
+    ///
     /// # Errors
     ///
-    /// [`FenceError::InvalidConfig`] for any other name (names are spliced into SQL).
+    /// [`FenceError::InvalidConfig`] for any other name (names are spliced into SQL), and for
+    /// a temporary schema (`pg_temp`, `pg_temp_<n>`), which would give every session a table
+    /// of its own.
     pub fn with_table(table: &str) -> Result<Self, FenceError> {
         check_ident(table)?;
         Ok(Self::build(table.to_owned()))
@@ -212,7 +221,19 @@ pub(crate) fn check_ident(name: &str) -> Result<(), FenceError> {
             && !p.as_bytes()[0].is_ascii_digit()
     };
     let parts: Vec<&str> = name.split('.').collect();
-    if parts.len() <= 2 && parts.iter().all(|p| valid_part(p)) {
+    // Each session has a temporary schema of its own: a table or sequence there is not shared.
+    let temporary = |p: &str| {
+        p == "pg_temp"
+            || p.strip_prefix("pg_temp_")
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    if parts.len() == 2 && temporary(parts[0]) {
+        Err(FenceError::InvalidConfig {
+            reason: format!(
+                "{name:?} is in a temporary schema: every session would have its own, unshared"
+            ),
+        })
+    } else if parts.len() <= 2 && parts.iter().all(|p| valid_part(p)) {
         Ok(())
     } else {
         Err(FenceError::InvalidConfig {

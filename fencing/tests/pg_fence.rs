@@ -185,6 +185,89 @@ fn names_are_validated_before_they_reach_sql() {
         assert!(PgSequence::new(bad).is_err(), "{bad:?}");
     }
     assert!(PgFence::with_table("app.fence_2").is_ok());
+    // A temporary schema would give every session a table or sequence of its own: two holders
+    // drew the same value from `pg_temp.fence_seq`, and a stale token was admitted in a second
+    // session through `pg_temp.fence_hw` (both were accepted).
+    for temp in ["pg_temp.fence_hw", "pg_temp_3.fence_hw"] {
+        assert!(
+            matches!(
+                PgFence::with_table(temp),
+                Err(FenceError::InvalidConfig { .. })
+            ),
+            "{temp:?}"
+        );
+        assert!(
+            matches!(PgSequence::new(temp), Err(FenceError::InvalidConfig { .. })),
+            "{temp:?}"
+        );
+    }
+}
+
+/// `create_schema` run again on a deployment (docs/fencing.md, "Upgrading") keeps the stored
+/// high water. With the default search path `"$user", public`, an unqualified default table
+/// lands in `public`; once a schema named after the role appeared, a re-run created a second,
+/// empty table and functions there, and every later session of that role admitted a stale token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rerunning_create_schema_keeps_the_high_water_after_a_role_schema_appears() {
+    let pg = server().await;
+    let mut a = pg.connect().await.unwrap();
+    let fence = PgFence::new();
+    fence.create_schema(&a).await.unwrap();
+    let newer = token("f1,n2=20,n3=20,n4=20");
+    let older = token("f1,n1=10,n2=10,n3=10");
+    let tx = a.transaction().await.unwrap();
+    assert_eq!(
+        fence.admit(&tx, "r", &newer).await.unwrap(),
+        Admission::Advanced
+    );
+    tx.commit().await.unwrap();
+    a.batch_execute(&format!("CREATE SCHEMA \"{}\"", pg.user()))
+        .await
+        .unwrap();
+    let b = pg.connect().await.unwrap();
+    fence.create_schema(&b).await.unwrap();
+    let mut c = pg.connect().await.unwrap();
+    let path: String = c.query_one("SHOW search_path", &[]).await.unwrap().get(0);
+    let tx = c.transaction().await.unwrap();
+    let res = fence.admit(&tx, "r", &older).await;
+    let hw = fence.high_water(&tx, "r").await;
+    assert!(
+        res.as_ref().is_err_and(FenceError::is_stale),
+        "after re-running create_schema (search_path {path}), the older token got {res:?}; \
+         high water seen now {hw:?} (was {})",
+        HighWater::from(&newer)
+    );
+}
+
+/// A session whose search path puts another schema holding a deployment of its own first does
+/// not admit through that deployment: the default fence names its schema. (The admission
+/// function, named unqualified, was looked up through the session's search path.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_search_path_cannot_pick_another_high_water() {
+    let pg = server().await;
+    let mut a = pg.connect().await.unwrap();
+    let fence = PgFence::new();
+    fence.create_schema(&a).await.unwrap();
+    let tx = a.transaction().await.unwrap();
+    fence
+        .admit(&tx, "r", &token("f1,n2=20,n3=20,n4=20"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let mut b = pg.connect().await.unwrap();
+    b.batch_execute("CREATE SCHEMA other; SET search_path = other, public;")
+        .await
+        .unwrap();
+    // A deployment of the same unqualified names in `other`.
+    let local = PgFence::with_table("fencing_high_water").unwrap();
+    local.create_schema(&b).await.unwrap();
+    fence.create_schema(&b).await.unwrap();
+    let tx = b.transaction().await.unwrap();
+    let res = fence.admit(&tx, "r", &token("f1,n1=10,n2=10,n3=10")).await;
+    assert!(
+        res.as_ref().is_err_and(FenceError::is_stale),
+        "session b (search_path other, public) got {res:?} for the older token"
+    );
 }
 
 /// A resource name PostgreSQL text cannot hold (a NUL byte) is refused with a typed error

@@ -655,6 +655,23 @@ async fn script_rejects_node_names_the_token_types_refuse() {
     assert_eq!(reply.unwrap().0, 1);
 }
 
+/// The admission of `{a: stamp}` on `r` with the write of `v<stamp>`, expiring `ms` later.
+async fn eval_px(
+    conn: &mut redlock_testkit::redis::aio::MultiplexedConnection,
+    stamp: &str,
+    ms: &str,
+) -> RawReply {
+    let fence = RedisFence::new();
+    redlock_testkit::redis::cmd("EVAL")
+        .arg(RedisFence::script_source())
+        .arg(2)
+        .arg(fence.high_water_key("r"))
+        .arg(fence.register_key("r"))
+        .arg(&["1", "a", stamp, &format!("v{stamp}"), "PX", ms])
+        .query_async(conn)
+        .await
+}
+
 /// A `PX` count the script let through but `SET` refuses (it overflows the server's clock)
 /// failed only after the high water had been raised: the mark rose and the write was lost,
 /// against "a bad count is an `ERR fence write: …` reply before anything is written". Counts
@@ -663,15 +680,8 @@ async fn script_rejects_node_names_the_token_types_refuse() {
 async fn script_rejects_a_px_count_set_would_refuse_before_writing() {
     let (_cluster, mut conn) = a_at_10().await;
     for ms in ["9223372036854775807", "3153600000001"] {
-        let fence = RedisFence::new();
-        let mut cmd = redlock_testkit::redis::cmd("EVAL");
-        cmd.arg(RedisFence::script_source())
-            .arg(2)
-            .arg(fence.high_water_key("r"))
-            .arg(fence.register_key("r"))
-            .arg(&["1", "a", "70", "v70", "PX", ms]);
-        let reply: RawReply = cmd.query_async(&mut conn).await;
-        let hw = fence.high_water(&mut conn, "r").await.unwrap();
+        let reply = eval_px(&mut conn, "70", ms).await;
+        let hw = RedisFence::new().high_water(&mut conn, "r").await.unwrap();
         match reply {
             Err(e) if e.to_string().contains("fence write") => {}
             other => panic!("PX {ms}: answered {other:?} (high water now {hw})"),
@@ -680,13 +690,6 @@ async fn script_rejects_a_px_count_set_would_refuse_before_writing() {
         assert_unchanged(&mut conn, &format!("PX {ms}")).await;
     }
     // The longest count allowed is written with its expiry.
-    let fence = RedisFence::new();
-    let mut cmd = redlock_testkit::redis::cmd("EVAL");
-    cmd.arg(RedisFence::script_source())
-        .arg(2)
-        .arg(fence.high_water_key("r"))
-        .arg(fence.register_key("r"))
-        .arg(&["1", "a", "70", "v70", "PX", "3153600000000"]);
-    let reply: RawReply = cmd.query_async(&mut conn).await;
+    let reply = eval_px(&mut conn, "70", "3153600000000").await;
     assert_eq!(reply.unwrap().0, 1);
 }
