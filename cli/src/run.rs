@@ -191,6 +191,8 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
     // while the command ran, whichever the wait saw first.
     if !lost && lease.is_lost() {
         lost = true;
+        // What the command started gets its grace from now, not from when `run` began.
+        grace_ends = later(args.grace);
         let reason = lease.reason().unwrap_or(LostReason::Expired);
         errln!("redlock: the lock on {named} was lost ({reason}) before the command exited");
     }
