@@ -198,6 +198,11 @@ impl RedisNode {
             };
             let task = async move {
                 batch.await;
+                // The place goes back once the tasks this batch answered had their turn: their
+                // next requests (a release after a grant, say) then wait in the outbox and go
+                // together when it comes free, instead of the first of them taking it alone
+                // and the rest waiting behind it for a round trip.
+                tokio::task::yield_now().await;
                 drop(place);
             };
             match tokio::runtime::Handle::try_current() {
