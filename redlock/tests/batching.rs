@@ -28,6 +28,15 @@ fn client(urls: Vec<String>, ttl: Duration) -> Redlock {
         .expect("valid config")
 }
 
+/// A client of `cluster` (TTL 10 s) whose connections are open: one lock was taken and released,
+/// so the requests a test makes next go out on open connections.
+async fn warmed_client(cluster: &Cluster) -> Redlock {
+    let rl = client(cluster.urls(), Duration::from_secs(10));
+    let warm = rl.try_acquire("warm").await.unwrap();
+    rl.release(warm).await.unwrap();
+    rl
+}
+
 /// Script calls (`EVALSHA` + `EVAL`) node `i` has run so far.
 async fn script_calls(cluster: &Cluster, i: usize) -> u64 {
     let node = cluster.node(i);
@@ -51,9 +60,7 @@ fn assert_own_stamps(locks: &[redlock::Lock]) {
 /// fewer script calls than requests.
 async fn concurrent_requests_share_script_calls_and_keep_their_own_answers() {
     let cluster = Cluster::start(3).await.unwrap();
-    let rl = client(cluster.urls(), Duration::from_secs(10));
-    let warm = rl.try_acquire("warm").await.unwrap();
-    rl.release(warm).await.unwrap();
+    let rl = warmed_client(&cluster).await;
     let before: Vec<u64> = join_all((0..3).map(|i| script_calls(&cluster, i))).await;
 
     let names: Vec<String> = (0..LOCKS).map(|i| format!("k{i}")).collect();
@@ -101,9 +108,7 @@ async fn one_failing_request_does_not_fail_its_batch() {
                 .unwrap();
         }
     }
-    let rl = client(cluster.urls(), Duration::from_secs(10));
-    let warm = rl.try_acquire("warm").await.unwrap();
-    rl.release(warm).await.unwrap();
+    let rl = warmed_client(&cluster).await;
 
     let mut names: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
     names.insert(20, "bad".into());
@@ -135,9 +140,7 @@ async fn one_failing_request_does_not_fail_its_batch() {
 /// each acquire is granted with a stamp of its own.
 async fn a_release_failing_part_way_keeps_the_answers_after_it_in_line() {
     let cluster = Cluster::start(3).await.unwrap();
-    let rl = client(cluster.urls(), Duration::from_secs(10));
-    let warm = rl.try_acquire("warm").await.unwrap();
-    rl.release(warm).await.unwrap();
+    let rl = warmed_client(&cluster).await;
     let mut locks: Vec<_> = join_all((0..20).map(|i| rl.try_acquire_many([format!("h{i}")])))
         .await
         .into_iter()
@@ -339,9 +342,7 @@ async fn lone_requests_use_native_conditional_commands_where_the_server_has_them
 /// together, not one of them alone on the place the batch gave back and the rest behind it.
 async fn the_requests_a_batch_leads_to_go_together() {
     let cluster = Cluster::start(1).await.unwrap();
-    let rl = client(cluster.urls(), Duration::from_secs(10));
-    let warm = rl.try_acquire("warm").await.unwrap();
-    rl.release(warm).await.unwrap();
+    let rl = warmed_client(&cluster).await;
     let before = script_calls(&cluster, 0).await;
     const TASKS: usize = 64;
     const ROUNDS: usize = 20;
