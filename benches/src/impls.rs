@@ -16,6 +16,9 @@ use crate::floor::Floor;
 pub(crate) enum Impl {
     /// This workspace's `redlock` crate.
     Redlock,
+    /// The same crate with claim stamps off (`claim_stamps(false)`): what the stamps cost.
+    /// Measured for uncontended latency and throughput only.
+    RedlockUnstamped,
     /// crates.io `rslock` (tokio).
     Rslock,
     /// crates.io `redlock` 2.x (sync, on the blocking pool).
@@ -29,8 +32,9 @@ pub(crate) enum Impl {
 }
 
 impl Impl {
-    pub(crate) const ALL: [Impl; 6] = [
+    pub(crate) const ALL: [Impl; 7] = [
         Impl::Redlock,
+        Impl::RedlockUnstamped,
         Impl::Rslock,
         Impl::RedlockRs,
         Impl::Floor,
@@ -41,6 +45,7 @@ impl Impl {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Impl::Redlock => "redlock",
+            Impl::RedlockUnstamped => "redlock-unstamped",
             Impl::Rslock => "rslock",
             Impl::RedlockRs => "redlock-rs",
             Impl::Floor => "floor",
@@ -54,6 +59,12 @@ impl Impl {
     /// `Timeout` when that attempt fails (`lock.rs`), whatever the timeout.
     pub(crate) fn waits(self) -> bool {
         !matches!(self, Impl::Floor | Impl::DistLock)
+    }
+
+    /// Whether this is only a configuration of another implementation, measured in the
+    /// uncontended and throughput scenarios and left out of the others.
+    pub(crate) fn variant(self) -> bool {
+        matches!(self, Impl::RedlockUnstamped)
     }
 
     /// Whether the implementation renews held locks by itself.
@@ -80,7 +91,8 @@ pub(crate) struct Setup {
 /// One connected client of one implementation.
 #[derive(Clone)]
 pub(crate) enum Client {
-    Redlock(Redlock),
+    /// This crate; the `Impl` says whether claim stamps are on.
+    Redlock(Redlock, Impl),
     Rslock(rslock::LockManager),
     RedlockRs(Arc<redlock_rs::RedLock>),
     Floor(Arc<Floor>),
@@ -131,7 +143,7 @@ impl Client {
         setup: Setup,
     ) -> Result<Client, BenchError> {
         Ok(match which {
-            Impl::Redlock => {
+            Impl::Redlock | Impl::RedlockUnstamped => {
                 let retry = match setup.wait_deadline {
                     Some(d) => RetryPolicy::deadline(d),
                     None => RetryPolicy::once(),
@@ -140,9 +152,10 @@ impl Client {
                     .nodes(urls)
                     .ttl(setup.ttl)
                     .retry(retry)
+                    .claim_stamps(which == Impl::Redlock)
                     .build()?;
                 rl.connect().await;
-                Client::Redlock(rl)
+                Client::Redlock(rl, which)
             }
             Impl::Rslock => {
                 let mut lm = rslock::LockManager::new(urls.to_vec());
@@ -210,7 +223,7 @@ impl Client {
 
     pub(crate) fn which(&self) -> Impl {
         match self {
-            Client::Redlock(_) => Impl::Redlock,
+            Client::Redlock(_, which) => *which,
             Client::Rslock(_) => Impl::Rslock,
             Client::RedlockRs(_) => Impl::RedlockRs,
             Client::Floor(_) => Impl::Floor,
@@ -222,7 +235,7 @@ impl Client {
     /// One acquire attempt (per the client's retry settings) and, on success, a release.
     pub(crate) async fn cycle(&self, resource: &str, ttl: Duration) -> Result<(), String> {
         match self {
-            Client::Redlock(rl) => {
+            Client::Redlock(rl, _) => {
                 let lock = rl
                     .try_acquire(resource)
                     .await
@@ -283,7 +296,7 @@ impl Client {
         on_win: OnWin,
     ) -> Result<Duration, String> {
         match self {
-            Client::Redlock(rl) => {
+            Client::Redlock(rl, _) => {
                 let t = Instant::now();
                 let lock = rl
                     .acquire(resource)

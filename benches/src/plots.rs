@@ -12,6 +12,7 @@ use crate::report::Report;
 fn color(which: Impl) -> RGBColor {
     match which {
         Impl::Redlock => RGBColor(0x1f, 0x77, 0xb4),
+        Impl::RedlockUnstamped => RGBColor(0x17, 0xbe, 0xcf),
         Impl::Rslock => RGBColor(0xd6, 0x27, 0x28),
         Impl::RedlockRs => RGBColor(0x94, 0x67, 0xbd),
         Impl::Floor => RGBColor(0x2c, 0xa0, 0x2c),
@@ -274,6 +275,7 @@ pub(crate) fn write_all(report: &Report, dir: &Path) -> Result<Vec<String>, Benc
         let groups = vec!["8 clients".to_owned(), "1 shared client".to_owned()];
         let series: Vec<(Impl, Vec<Bar>)> = Impl::ALL
             .iter()
+            .filter(|w| !w.variant())
             .map(|w| {
                 let bars = [crate::report::CONTENDERS, 1]
                     .iter()
@@ -372,6 +374,7 @@ pub(crate) fn write_all(report: &Report, dir: &Path) -> Result<Vec<String>, Benc
         }
         let series: Vec<(Impl, Vec<Bar>)> = Impl::ALL
             .iter()
+            .filter(|w| !w.variant())
             .map(|w| {
                 let bars = faults
                     .iter()
