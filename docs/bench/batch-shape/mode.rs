@@ -51,6 +51,8 @@ fn main() {
             println!("N={n} tasks={tasks} mode {m}: median {:.0} ops/s (min {:.0}, max {:.0}); per-window ratio to mode {} median {:.3} (p25 {:.3}, p75 {:.3})",
                 v[v.len() / 2], v[0], v[v.len() - 1], modes[0], r[r.len() / 2], r[r.len() / 4], r[3 * r.len() / 4]);
         }
+        // Stop the nodes before exiting: exit skips the cluster's drop.
+        drop(c);
         std::process::exit(0);
     });
 }
