@@ -67,6 +67,11 @@ impl Impl {
         matches!(self, Impl::RedlockUnstamped)
     }
 
+    /// The implementations measured in every scenario: [`Impl::ALL`] without the variants.
+    pub(crate) fn in_every_scenario() -> impl Iterator<Item = Impl> {
+        Impl::ALL.into_iter().filter(|w| !w.variant())
+    }
+
     /// Whether the implementation renews held locks by itself.
     pub(crate) fn renews(self) -> bool {
         matches!(self, Impl::Redlock | Impl::Rslock | Impl::DistLock)

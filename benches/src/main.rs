@@ -348,11 +348,11 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
         plan.held_nodes = plan.nodes.last().copied().unwrap_or(1);
     }
 
-    let main_impls = || Impl::ALL.into_iter().filter(|w| !w.variant());
     let steps = plan.nodes.len() * (1 + plan.concurrencies.len() * Impl::ALL.len())
         + plan.hot_nodes.len()
-            * (main_impls().count() + main_impls().filter(|w| w.waits()).count())
-        + plan.held_sizes.len() * main_impls().count()
+            * (Impl::in_every_scenario().count()
+                + Impl::in_every_scenario().filter(|w| w.waits()).count())
+        + plan.held_sizes.len() * Impl::in_every_scenario().count()
         + plan.fault_nodes.len() * 6;
     let pb = ProgressBar::new(steps as u64);
     pb.set_style(
@@ -446,9 +446,11 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
         for &n in &plan.hot_nodes {
             // Eight clients, then (for those that can wait) one client shared by the eight
             // contenders: this crate's waiters take FIFO turns in-process.
-            let variants = main_impls()
-                .map(|w| (w, false))
-                .chain(main_impls().filter(|w| w.waits()).map(|w| (w, true)));
+            let variants = Impl::in_every_scenario().map(|w| (w, false)).chain(
+                Impl::in_every_scenario()
+                    .filter(|w| w.waits())
+                    .map(|w| (w, true)),
+            );
             for (which, shared) in variants {
                 pb.set_message(format!(
                     "hot key N={n} {}{}",
@@ -478,7 +480,7 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
     if wants("held") {
         let n = plan.held_nodes;
         for &locks in &plan.held_sizes {
-            for which in main_impls() {
+            for which in Impl::in_every_scenario() {
                 pb.set_message(format!("{locks} held locks N={n} {}", which.name()));
                 let result = if which.renews() {
                     let r =

@@ -273,9 +273,7 @@ pub(crate) fn write_all(report: &Report, dir: &Path) -> Result<Vec<String>, Benc
     let hot_ns: std::collections::BTreeSet<usize> = report.hot_key.iter().map(|r| r.n).collect();
     for n in hot_ns {
         let groups = vec!["8 clients".to_owned(), "1 shared client".to_owned()];
-        let series: Vec<(Impl, Vec<Bar>)> = Impl::ALL
-            .iter()
-            .filter(|w| !w.variant())
+        let series: Vec<(Impl, Vec<Bar>)> = Impl::in_every_scenario()
             .map(|w| {
                 let bars = [crate::report::CONTENDERS, 1]
                     .iter()
@@ -283,14 +281,14 @@ pub(crate) fn write_all(report: &Report, dir: &Path) -> Result<Vec<String>, Benc
                         let h = report
                             .hot_key
                             .iter()
-                            .find(|r| r.n == n && r.implementation == *w && r.clients == *clients)?
+                            .find(|r| r.n == n && r.implementation == w && r.clients == *clients)?
                             .result
                             .as_ref()?;
                         let note = format!("J {:.2}", h.jain);
                         Some((h.handoffs_per_sec, Some(note)))
                     })
                     .collect();
-                (*w, bars)
+                (w, bars)
             })
             .filter(|(_, b): &(Impl, Vec<Bar>)| b.iter().any(Option::is_some))
             .collect();
@@ -372,9 +370,7 @@ pub(crate) fn write_all(report: &Report, dir: &Path) -> Result<Vec<String>, Benc
                 faults.push(r.fault.clone());
             }
         }
-        let series: Vec<(Impl, Vec<Bar>)> = Impl::ALL
-            .iter()
-            .filter(|w| !w.variant())
+        let series: Vec<(Impl, Vec<Bar>)> = Impl::in_every_scenario()
             .map(|w| {
                 let bars = faults
                     .iter()
@@ -382,7 +378,7 @@ pub(crate) fn write_all(report: &Report, dir: &Path) -> Result<Vec<String>, Benc
                         let l = &report
                             .faults
                             .iter()
-                            .find(|r| r.n == n && &r.fault == f && r.implementation == *w)?
+                            .find(|r| r.n == n && &r.fault == f && r.implementation == w)?
                             .cycle;
                         let mut note = Vec::new();
                         if l.errors > 0 {
@@ -394,7 +390,7 @@ pub(crate) fn write_all(report: &Report, dir: &Path) -> Result<Vec<String>, Benc
                         Some((l.p99_us, (!note.is_empty()).then(|| note.join(", "))))
                     })
                     .collect();
-                (*w, bars)
+                (w, bars)
             })
             .collect();
         let name = format!("fault_tail_p99_n{n}.svg");

@@ -727,7 +727,7 @@ impl Report {
                 .map(|r| (r.n, r.fault.as_str()))
                 .collect();
             for (n, fault) in faults {
-                for w in Impl::ALL.into_iter().filter(|w| !w.variant()) {
+                for w in Impl::in_every_scenario() {
                     want(
                         self.fault_of(n, fault, w)
                             .is_some_and(|l| l.samples + l.timeouts > 0),

@@ -681,7 +681,7 @@ pub(crate) async fn faults(
         wait_deadline: None,
     };
     let mut clients = Vec::new();
-    for which in Impl::ALL.into_iter().filter(|w| timed(*w) && !w.variant()) {
+    for which in Impl::in_every_scenario().filter(|w| timed(*w)) {
         let c = Client::connect(which, &urls, setup).await?;
         let _ = c.cycle("bench:warm", TTL).await;
         clients.push(c);
