@@ -96,6 +96,13 @@ pub enum FenceError {
         /// What was wrong.
         reason: &'static str,
     },
+    /// `MemoryFence::admit` or `admit_with` was called from inside a write that `admit_with`
+    /// runs on the same fence. That admission would have to wait for the write it is part of;
+    /// nothing was admitted or changed.
+    #[error(
+        "fence admission called from inside a fenced write on the same MemoryFence (it would wait for itself)"
+    )]
+    ReentrantAdmission,
     /// A backend answered something this crate did not expect (schema drift, a foreign value
     /// under a fence key).
     #[error("unexpected reply from the fence backend: {reason}")]

@@ -1,5 +1,6 @@
 //! An in-process fence: one high-water map per resource behind a mutex.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
@@ -11,11 +12,42 @@ use crate::token::TokenRef;
 /// as a proxy that checks tokens before forwarding writes).
 ///
 /// `Send + Sync`; share it with an `Arc`. Each resource has its own [`HighWater`]; the whole
-/// map is behind one mutex, held only for the check (and, with
-/// [`admit_with`](Self::admit_with), the protected write).
+/// map is behind one mutex, held only for the check and the advance. Admissions take their
+/// turn on a second lock, held from the check to the end of the protected write of
+/// [`admit_with`](Self::admit_with), so that no admission slips between another's check and
+/// its write.
+///
+/// The write may use its fence: [`high_water`](Self::high_water) and [`reset`](Self::reset)
+/// work from inside it (the map is not locked while it runs). A second admission on the same
+/// fence from inside the write cannot take its turn before the write returns: it is refused
+/// with [`FenceError::ReentrantAdmission`] instead of deadlocking the thread.
 #[derive(Debug, Default)]
 pub struct MemoryFence {
     resources: Mutex<HashMap<String, HighWater>>,
+    /// Held by one admission from its check to the end of its write.
+    turn: Mutex<()>,
+}
+
+thread_local! {
+    /// The fences (by address) whose turn this thread holds: an admission on one of them from
+    /// this thread would wait for itself.
+    static TURNS_HELD: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+/// This thread's turn on one fence; gives it back when dropped (also when the write panics).
+struct Turn<'a> {
+    fence: usize,
+    _guard: MutexGuard<'a, ()>,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        TURNS_HELD.with_borrow_mut(|held| {
+            if let Some(i) = held.iter().rposition(|&f| f == self.fence) {
+                held.remove(i);
+            }
+        });
+    }
 }
 
 impl MemoryFence {
@@ -28,8 +60,10 @@ impl MemoryFence {
     ///
     /// # Errors
     ///
-    /// [`FenceError::Stale`] or [`FenceError::Unrelated`] when rejected (nothing changes), or
-    /// [`FenceError::StampOutOfRange`] for a scalar above [`MAX_STAMP`](crate::MAX_STAMP).
+    /// [`FenceError::Stale`] or [`FenceError::Unrelated`] when rejected (nothing changes),
+    /// [`FenceError::StampOutOfRange`] for a scalar above [`MAX_STAMP`](crate::MAX_STAMP), or
+    /// [`FenceError::ReentrantAdmission`] when called from inside a write that
+    /// [`admit_with`](Self::admit_with) runs on this fence (nothing changes).
     pub fn admit<'a>(
         &self,
         resource: &str,
@@ -38,10 +72,13 @@ impl MemoryFence {
         self.admit_with(resource, token, |_| ()).map(|(a, ())| a)
     }
 
-    /// Like [`admit`](Self::admit), and runs `write` only when the token is admitted, while
-    /// the fence is still locked: no other admission on this fence can slip between the check
-    /// and the write. The high water is advanced before `write` runs, so a `write` that panics
+    /// Like [`admit`](Self::admit), and runs `write` only when the token is admitted, before
+    /// the next admission on this fence: no other admission can slip between the check and
+    /// the write. The high water is advanced before `write` runs, so a `write` that panics
     /// still consumes the admission (the safe direction).
+    ///
+    /// `write` may read this fence's high water and reset resources; an admission on this
+    /// fence from inside `write` gets [`FenceError::ReentrantAdmission`].
     ///
     /// # Errors
     ///
@@ -52,6 +89,7 @@ impl MemoryFence {
         token: impl Into<TokenRef<'a>>,
         write: impl FnOnce(Admission) -> R,
     ) -> Result<(Admission, R), FenceError> {
+        let _turn = self.take_turn()?;
         let mut map = self.lock();
         let admission = match map.get_mut(resource) {
             Some(hw) => hw.admit(token),
@@ -65,6 +103,8 @@ impl MemoryFence {
             }
         }
         .inspect_err(|e| crate::telemetry::rejected("memory", e))?;
+        // The map is free while the write runs (it may read it); the turn is not.
+        drop(map);
         Ok((admission, write(admission)))
     }
 
@@ -77,6 +117,22 @@ impl MemoryFence {
     /// an operator who moved the resource to a new lock cluster.
     pub fn reset(&self, resource: &str) {
         self.lock().remove(resource);
+    }
+
+    /// This thread's turn to admit on this fence, or [`FenceError::ReentrantAdmission`] when
+    /// it holds it already (it is inside a write of this fence, and would wait for itself).
+    fn take_turn(&self) -> Result<Turn<'_>, FenceError> {
+        let fence = std::ptr::from_ref(self) as usize;
+        if TURNS_HELD.with_borrow(|held| held.contains(&fence)) {
+            return Err(FenceError::ReentrantAdmission);
+        }
+        // A write that panicked leaves nothing half done under the turn: it only orders.
+        let guard = self.turn.lock().unwrap_or_else(|e| e.into_inner());
+        TURNS_HELD.with_borrow_mut(|held| held.push(fence));
+        Ok(Turn {
+            fence,
+            _guard: guard,
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, HighWater>> {

@@ -259,6 +259,89 @@ fn memory_fence_rule() {
     assert_eq!(fence.admit("r", &g1).unwrap(), Admission::Advanced);
 }
 
+/// A fenced write that uses its own fence (logs the high water, resets a resource, admits
+/// another write) must not hang the thread: `admit_with` held the fence's only mutex while the
+/// write ran, and a second lock from the same thread deadlocked (review of 2026-12-03: the
+/// write below never returned). Each step runs on a thread of its own, with a deadline.
+#[test]
+fn a_fenced_write_can_use_its_own_fence() {
+    fn within_deadline<R: Send + 'static>(what: &str, f: impl FnOnce() -> R + Send + 'static) -> R {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(f()).unwrap());
+        rx.recv_timeout(std::time::Duration::from_secs(5))
+            .unwrap_or_else(|_| panic!("{what}: the fenced write did not return (deadlock)"))
+    }
+    let fence = Arc::new(MemoryFence::new());
+    let g1 = t("f1,a=10,b=10");
+    let g2 = t("f1,a=20,b=20");
+
+    // Reading the high water from inside the write sees the advance the write runs under.
+    let f = fence.clone();
+    let (a, seen) = within_deadline("high_water inside the write", move || {
+        f.admit_with("r", &g2, |_| f.high_water("r")).unwrap()
+    });
+    assert_eq!(a, Admission::Advanced);
+    assert_eq!(seen, HighWater::from(&t("f1,a=20,b=20")));
+
+    // A second admission on the same fence from inside the write is refused with a typed
+    // error (the fence is taken until the write returns), never admitted, never a hang.
+    let f = fence.clone();
+    let inner = within_deadline("admit inside the write", move || {
+        f.admit_with("other", &t("f1,a=30"), |_| {
+            f.admit("r", &t("f1,a=5,b=5")).map_err(|e| e.to_string())
+        })
+        .unwrap()
+        .1
+    });
+    let err = inner.unwrap_err();
+    assert!(err.contains("from inside a fenced write"), "{err}");
+    assert_eq!(fence.high_water("r"), HighWater::from(&t("f1,a=20,b=20")));
+    assert!(fence.admit("r", &g1).unwrap_err().is_stale());
+
+    // An operator's reset from inside a write (of another resource) takes effect.
+    let f = fence.clone();
+    within_deadline("reset inside the write", move || {
+        f.admit_with("other", &t("f1,a=30"), |_| f.reset("r"))
+            .unwrap()
+    });
+    assert_eq!(fence.admit("r", &g1).unwrap(), Admission::Advanced);
+
+    // Another fence is independent: a write may be fenced by both.
+    let (f, other) = (fence.clone(), Arc::new(MemoryFence::new()));
+    let nested = within_deadline("another fence inside the write", move || {
+        f.admit_with("r", &t("f1,a=40,b=40"), |_| {
+            other
+                .admit_with("r", &t("f1,a=40,b=40"), |_| "both")
+                .unwrap()
+                .1
+        })
+        .unwrap()
+        .1
+    });
+    assert_eq!(nested, "both");
+
+    // Another thread's admission still waits for the write to end.
+    let (f, done) = (
+        fence.clone(),
+        Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    );
+    let (f2, done2) = (fence.clone(), done.clone());
+    let (_, during) = fence
+        .admit_with("r", &t("f1,a=50,b=50"), move |_| {
+            let other = std::thread::spawn(move || {
+                let a = f2.admit("r", &t("f1,a=60,b=60"));
+                done2.store(true, std::sync::atomic::Ordering::SeqCst);
+                a
+            });
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            (done.load(std::sync::atomic::Ordering::SeqCst), other)
+        })
+        .unwrap();
+    assert!(!during.0, "another thread was admitted while the write ran");
+    assert_eq!(during.1.join().unwrap().unwrap(), Admission::Advanced);
+    assert_eq!(f.high_water("r"), HighWater::from(&t("f1,a=60,b=60")));
+}
+
 fn arb_name() -> impl Strategy<Value = String> {
     prop_oneof!["[a-z0-9.:-]{1,20}", "\\PC{1,12}", "[ -~]{1,30}",].prop_filter("byte length", |s| {
         !s.is_empty() && s.len() <= MAX_NODE_NAME_LEN
