@@ -82,8 +82,9 @@ pub enum FenceError {
         /// What was wrong.
         reason: String,
     },
-    /// A resource name the backend cannot store: PostgreSQL text cannot hold a NUL byte.
-    /// Nothing was sent.
+    /// A resource name the backend cannot store: PostgreSQL text cannot hold a NUL byte, and
+    /// its high-water table a name longer than
+    /// [`MAX_PG_RESOURCE_LEN`](crate::MAX_PG_RESOURCE_LEN). Nothing was sent.
     #[error("invalid resource name: {reason}")]
     InvalidResource {
         /// What was wrong.

@@ -52,7 +52,7 @@ pub use high_water::{Admission, HighWater};
 pub use memory::MemoryFence;
 #[cfg(feature = "postgres")]
 pub use pg::PgSequence;
-pub use pg_sql::{DEFAULT_PG_TABLE, PgFence};
+pub use pg_sql::{DEFAULT_PG_TABLE, MAX_PG_RESOURCE_LEN, PgFence};
 #[cfg(feature = "redis")]
 pub use redis_fence::{DEFAULT_REDIS_PREFIX, Expiry, RedisFence};
 pub use token::{

@@ -6,7 +6,7 @@ use tokio_postgres::{GenericClient, Transaction};
 
 use crate::error::{Backend, BackendError, FenceError, malformed_from_backend};
 use crate::high_water::{Admission, HighWater};
-use crate::pg_sql::{PgFence, check_ident, high_water_from, quoted};
+use crate::pg_sql::{MAX_PG_RESOURCE_LEN, PgFence, check_ident, high_water_from, quoted};
 use crate::token::{ScalarToken, TokenRef};
 
 /// SQLSTATE of the admission function's malformed-input error.
@@ -51,7 +51,8 @@ impl PgFence {
     ///
     /// [`FenceError::Stale`] / [`FenceError::Unrelated`] when rejected: nothing was changed,
     /// the transaction is still usable, and the caller should roll it back.
-    /// [`FenceError::InvalidResource`] for a resource name with a NUL byte (nothing is sent),
+    /// [`FenceError::InvalidResource`] for a resource name with a NUL byte or longer than
+    /// [`MAX_PG_RESOURCE_LEN`] bytes (nothing is sent),
     /// [`FenceError::StampOutOfRange`], [`FenceError::Backend`] (the transaction is then
     /// aborted), [`FenceError::UnexpectedReply`] on schema drift. (A token from this crate is
     /// always well-formed; should the function still reject it as malformed, the error is the
@@ -93,8 +94,9 @@ impl PgFence {
     ///
     /// # Errors
     ///
-    /// [`FenceError::InvalidResource`] for a resource name with a NUL byte,
-    /// [`FenceError::Backend`], [`FenceError::UnexpectedReply`] on schema drift.
+    /// [`FenceError::InvalidResource`] for a resource name with a NUL byte or longer than
+    /// [`MAX_PG_RESOURCE_LEN`] bytes, [`FenceError::Backend`], [`FenceError::UnexpectedReply`]
+    /// on schema drift.
     ///
     /// # Cancel safety
     ///
@@ -123,12 +125,19 @@ impl PgFence {
     }
 }
 
-/// Refuses a resource name PostgreSQL text cannot hold before it is sent: the server would
-/// answer with an encoding error, which says nothing typed and aborts the caller's transaction.
+/// Refuses a resource name the high-water table cannot hold before it is sent: for a NUL byte
+/// (text cannot hold one) the server would answer with an encoding error, and for a name longer
+/// than [`MAX_PG_RESOURCE_LEN`] the row's insert could fail at the primary-key index; either
+/// says nothing typed and aborts the caller's transaction.
 fn check_resource(resource: &str) -> Result<(), FenceError> {
     if resource.contains('\0') {
         return Err(FenceError::InvalidResource {
             reason: "a PostgreSQL resource name cannot contain a NUL byte",
+        });
+    }
+    if resource.len() > MAX_PG_RESOURCE_LEN {
+        return Err(FenceError::InvalidResource {
+            reason: "a PostgreSQL resource name is at most MAX_PG_RESOURCE_LEN bytes",
         });
     }
     Ok(())

@@ -14,6 +14,13 @@ const _: () = assert!(MAX_CLAIMS == 32 && MAX_NODE_NAME_LEN == 128);
 /// search path (see [`PgFence::with_table`]).
 pub const DEFAULT_PG_TABLE: &str = "public.fencing_high_water";
 
+/// Longest resource name [`PgFence`] accepts, in bytes. The resource is the high-water table's
+/// primary key, and a btree index entry holds at most about 2.7 kB (a third of a page, after
+/// compression): a longer, incompressible name failed the row's insert at every admission, so
+/// the resource could never admit a token. A fixed cap below that makes the refusal a typed
+/// error that does not depend on how well the name compresses.
+pub const MAX_PG_RESOURCE_LEN: usize = 2048;
+
 /// Admission kept in PostgreSQL, for resources stored in the same database.
 ///
 /// The admission runs inside the caller's transaction: the check, the advance and the caller's
@@ -55,7 +62,8 @@ pub const DEFAULT_PG_TABLE: &str = "public.fencing_high_water";
 /// ```
 ///
 /// A database error with SQLSTATE `FN003` from that statement means malformed lists, which a
-/// token of this crate never is.
+/// token of this crate never is. Keep resource names within [`MAX_PG_RESOURCE_LEN`] bytes
+/// (`admit` and `high_water` refuse longer ones before sending anything).
 #[derive(Debug, Clone)]
 pub struct PgFence {
     table: String,
