@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::error::FenceError;
-use crate::token::{FenceToken, TokenRef};
+use crate::token::{FenceToken, TokenRef, write_text_form};
 
 /// What an admitted token did to the resource's high water.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -178,23 +178,19 @@ impl From<&FenceToken> for HighWater {
 }
 
 impl fmt::Display for HighWater {
-    /// `{}` when empty, `scalar N` for a scalar resource, else the claim text form.
+    /// `{}` when empty, `scalar N` for a scalar resource, else the claim text form — also past
+    /// [`MAX_CLAIMS`](crate::MAX_CLAIMS) nodes, which a high water reaches when nodes that lost
+    /// their data come back under new names.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.entries.is_empty() {
-            return f.write_str("{}");
-        }
-        if let [(node, s)] = &self.entries[..]
-            && node.is_empty()
-        {
-            return write!(f, "scalar {s}");
-        }
-        match FenceToken::new(self.entries.iter().cloned()) {
-            Ok(t) => t.fmt(f),
+        match &self.entries[..] {
+            [] => f.write_str("{}"),
+            [(node, s)] if node.is_empty() => write!(f, "scalar {s}"),
             // A map mixing the scalar entry with claims (only reachable through from_entries).
-            Err(_) => f
+            [(node, _), ..] if node.is_empty() => f
                 .debug_map()
                 .entries(self.entries.iter().map(|(n, s)| (n, s)))
                 .finish(),
+            _ => write_text_form(f, self.iter()),
         }
     }
 }

@@ -159,20 +159,29 @@ fn is_raw(b: u8) -> bool {
 
 impl fmt::Display for FenceToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(VERSION)?;
-        for (node, stamp) in self.claims.iter() {
-            f.write_str(",")?;
-            for &b in node.as_bytes() {
-                if is_raw(b) {
-                    write!(f, "{}", b as char)?;
-                } else {
-                    write!(f, "%{b:02X}")?;
-                }
-            }
-            write!(f, "={stamp}")?;
-        }
-        Ok(())
+        write_text_form(f, self.iter())
     }
+}
+
+/// Writes `(node, stamp)` pairs, sorted by node name, in the text form of a token. Also
+/// [`HighWater`](crate::HighWater)'s form, which may hold more than [`MAX_CLAIMS`] nodes.
+pub(crate) fn write_text_form<'a>(
+    f: &mut fmt::Formatter<'_>,
+    claims: impl Iterator<Item = (&'a str, u64)>,
+) -> fmt::Result {
+    f.write_str(VERSION)?;
+    for (node, stamp) in claims {
+        f.write_str(",")?;
+        for &b in node.as_bytes() {
+            if is_raw(b) {
+                write!(f, "{}", b as char)?;
+            } else {
+                write!(f, "%{b:02X}")?;
+            }
+        }
+        write!(f, "={stamp}")?;
+    }
+    Ok(())
 }
 
 impl fmt::Debug for FenceToken {

@@ -342,6 +342,37 @@ fn a_fenced_write_can_use_its_own_fence() {
     assert_eq!(f.high_water("r"), HighWater::from(&t("f1,a=60,b=60")));
 }
 
+/// A high water keeps every node it ever saw: nodes that lost their data come back under new
+/// names, so it can hold more than the 32 claims a token may carry. Its `Display` (and so the
+/// `Stale` and `Unrelated` messages) is still the claim text form; past 32 nodes it used to
+/// fall back to a debug map (`{"n00": 1000, …}`, review of 2026-12-03).
+#[test]
+fn a_high_water_of_more_than_32_nodes_displays_in_the_text_form() {
+    let fence = MemoryFence::new();
+    let mut expected = Vec::new();
+    for i in 0..40u64 {
+        // Each grant shares one node with the one before it.
+        let t = FenceToken::new([
+            (format!("n {i:02}"), 1000 + i),
+            (format!("n {:02}", i + 1), 1000 + i),
+        ])
+        .unwrap();
+        assert_eq!(fence.admit("r", &t).unwrap(), Admission::Advanced);
+        expected.push(format!("n%20{i:02}={}", 1000 + i));
+    }
+    expected.push("n%2040=1039".to_owned());
+    let hw = fence.high_water("r");
+    assert_eq!(hw.len(), 41);
+    assert_eq!(hw.to_string(), format!("f1,{}", expected.join(",")));
+    let err = fence.admit("r", &t("f1,n%2005=1")).unwrap_err();
+    assert!(err.is_stale());
+    assert!(
+        err.to_string()
+            .ends_with(&format!("(high water f1,{})", expected.join(","))),
+        "{err}"
+    );
+}
+
 fn arb_name() -> impl Strategy<Value = String> {
     prop_oneof!["[a-z0-9.:-]{1,20}", "\\PC{1,12}", "[ -~]{1,30}",].prop_filter("byte length", |s| {
         !s.is_empty() && s.len() <= MAX_NODE_NAME_LEN
