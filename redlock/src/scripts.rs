@@ -28,20 +28,40 @@ if redis.call('GET', KEYS[1]) ~= ARGV[3] then return -2 end
 ";
 
 /// Run once per new connection: `KEYS[1]` = the node's identity record, `ARGV[1]` = a fresh
-/// random id. Creates the record (`<id>@<server ms>`) when the server has none — a new server,
-/// or one that lost its data — and returns `{record, server time in ms}`. The record is the
-/// server's name in fence tokens and how the client recognises one server behind two URLs.
+/// random id, `ARGV[2]` = the node's database. Creates the record (`<id>@<server ms>`) when the
+/// server has none — a new server, or one that lost its data — and returns
+/// `{record, server time in ms, server record}`. The record is the node's name in fence tokens,
+/// and what an acquire checks to notice lost data.
+///
+/// The server record is how the client recognises one server behind two URLs: the record of
+/// database 0, read (or created) there for a node in another database. Each database keeps its
+/// own record, so two URLs naming one server with two databases (`…:7001/0` and
+/// `alias:7001/1`) showed two servers, and one restart of it took two votes at once (test
+/// `identity_races::one_server_under_two_databases_is_the_same_server`: a second client was
+/// granted a held lock). The script selects database 0 only for such a node (a node URL with a
+/// database other than 0 needs `+select` already); Redis restores the caller's database after
+/// a script.
 pub(crate) static IDENTITY: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         r"
 local t = redis.call('TIME')
 local now = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-local v = redis.call('GET', KEYS[1])
-if not v then
-  v = ARGV[1] .. '@' .. now
-  redis.call('SET', KEYS[1], v)
+local function record()
+  local v = redis.call('GET', KEYS[1])
+  if not v then
+    v = ARGV[1] .. '@' .. now
+    redis.call('SET', KEYS[1], v)
+  end
+  return v
 end
-return {v, now}
+local v = record()
+local server = v
+if ARGV[2] ~= '0' then
+  redis.call('SELECT', '0')
+  server = record()
+  redis.call('SELECT', ARGV[2])
+end
+return {v, now, server}
 ",
     )
 });

@@ -203,6 +203,8 @@ pub(crate) struct RedisNode {
     index: usize,
     name: Arc<str>,
     client: Client,
+    /// The database the node's keys are in.
+    db: i64,
     password: Option<String>,
     config: AsyncConnectionConfig,
     connect_timeout: Duration,
@@ -227,6 +229,7 @@ impl RedisNode {
         identities: Arc<Identities>,
     ) -> Result<Self, String> {
         let password = spec.info.redis_settings().password().map(str::to_owned);
+        let db = spec.info.redis_settings().db();
         let client = match (spec.tls, tls_root_ca) {
             #[cfg(feature = "tls")]
             (true, Some(ca)) => {
@@ -264,6 +267,7 @@ impl RedisNode {
             index,
             name: spec.name.clone(),
             client,
+            db,
             password,
             config,
             connect_timeout,
@@ -424,18 +428,21 @@ impl RedisNode {
             .arg(&scripts::IDENTITY.sha)
             .arg(1)
             .arg(&*self.keys.identity)
-            .arg(&fresh.expose()[..16]);
-        let answers: Vec<(String, String)> = pipe
+            .arg(&fresh.expose()[..16])
+            .arg(self.db);
+        let answers: Vec<(String, String, String)> = pipe
             .query_async(&mut conn)
             .await
             .map_err(|e| self.node_error(&e, None))?;
-        let Some((record, now_ms)) = answers.into_iter().next() else {
+        let Some((record, now_ms, server)) = answers.into_iter().next() else {
             return Err(NodeError::new(
                 NodeErrorKind::Server,
                 "no answer to the identity script",
             ));
         };
         let (id, created_ms) = parse_record(&record, &self.keys.identity)?;
+        // The server's own record (database 0's): the same for every database of one server.
+        let (server, _) = parse_record(&server, &self.keys.identity)?;
         // Without an answer (an old server, or an ACL user without HELLO) the scripts serve.
         let native = match redis::cmd("HELLO")
             .query_async::<redis::Value>(&mut conn)
@@ -470,7 +477,7 @@ impl RedisNode {
             }
         };
         self.identities
-            .claim(self.index, &id)
+            .claim(self.index, &server)
             .map_err(|e| NodeError::new(NodeErrorKind::Identity, e.to_string()))?;
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
         tracing::debug!(node = %self.name, server = %id, quarantined_for = ?quarantined_until.map(|u| u.saturating_duration_since(Instant::now())), "connected");
