@@ -264,8 +264,10 @@ impl Redlock {
     /// several resources.
     ///
     /// If the lock is lost while `work` runs (renewal failed, validity passed, max hold reached),
-    /// `work` is dropped at its next await point and the call returns [`Error::LeaseLost`]. A panic
-    /// in `work` releases the lock and then resumes unwinding.
+    /// `work` is dropped at its next await point and the call returns [`Error::LeaseLost`] — also
+    /// when `work` finished without reaching another await (it blocked the thread past the
+    /// validity): its result is dropped then. A panic in `work` releases the lock and then
+    /// resumes unwinding.
     ///
     /// # Errors
     /// As [`Redlock::acquire`], plus [`Error::LeaseLost`].

@@ -8,7 +8,7 @@ use futures_util::FutureExt;
 
 use crate::config::{RetryPolicy, check_ttl};
 use crate::core::{Core, Terms};
-use crate::error::{ConfigError, Error};
+use crate::error::{ConfigError, Error, LostReason};
 use crate::lease::{Lease, LockGuard};
 use crate::lock::Lock;
 use crate::nodes::Nodes;
@@ -184,7 +184,9 @@ impl LockRequest {
     ///
     /// If the lock is lost while `work` runs (renewal failed, validity passed, max hold
     /// reached), `work` is dropped at its next await point and the call returns
-    /// [`Error::LeaseLost`]. A panic in `work` releases the lock and then resumes unwinding.
+    /// [`Error::LeaseLost`] — also when `work` finished without reaching another await (it
+    /// blocked the thread past the validity): its result is dropped then. A panic in `work`
+    /// releases the lock and then resumes unwinding.
     ///
     /// # Errors
     /// As [`acquire`](Self::acquire), plus [`Error::LeaseLost`].
@@ -204,6 +206,16 @@ impl LockRequest {
             biased;
             reason = lease.lost() => Err(reason),
             done = work => Ok(done),
+        };
+        // Work that ends without another await can outlive the lock unseen: blocking the
+        // runtime's only thread past the validity stops the renewals and the driver that fires
+        // the lost signal alike, and the select then sees only the work's result (test
+        // `renewal_attacks::with_lock_reports_a_loss_during_work_that_never_awaits_again`: the
+        // result came back as done under the lock while a rival held it). So the lease is
+        // asked once more, on both clocks, before the release makes it lost anyway.
+        let outcome = match outcome {
+            Ok(Ok(_)) if lease.is_lost() => Err(lease.reason().unwrap_or(LostReason::Expired)),
+            other => other,
         };
         let released = guard.release().await;
         if let Err(e) = &released {

@@ -301,3 +301,57 @@ async fn repair_waits_out_the_restart_quarantine() {
     );
     assert!(lost.is_none(), "{lost:?}");
 }
+
+/// `with_lock` whose work blocks the runtime's only thread past the lease's validity (a
+/// GC-like pause, a blocking call) while a rival takes the lock, and then finishes without
+/// another await: the lock was lost while the work ran, so the call must say so
+/// (`LeaseLost`), not hand back the work's result as done under the lock.
+#[test]
+fn with_lock_reports_a_loss_during_work_that_never_awaits_again() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let cluster = Cluster::start(3).await.unwrap();
+        let urls = cluster.urls();
+        let a = builder(urls.clone(), Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let rival = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let b = builder(urls, Duration::from_secs(5)).build().unwrap();
+                // Starts once A holds the lock; gets it once A's keys expire.
+                rx.recv().unwrap();
+                let lock = b
+                    .acquire("blocked-work")
+                    .await
+                    .expect("rival gets the expired lock");
+                b.release(lock).await.unwrap();
+            });
+        });
+        let outcome = a
+            .with_lock("blocked-work", |lease| async move {
+                tx.send(()).unwrap();
+                // Blocks the only thread for longer than the TTL: no renewal can run.
+                std::thread::sleep(Duration::from_millis(1800));
+                lease.is_lost()
+            })
+            .await;
+        tokio::task::spawn_blocking(move || rival.join().unwrap())
+            .await
+            .unwrap();
+        match outcome {
+            Err(redlock::Error::LeaseLost { .. }) => {}
+            other => panic!(
+                "the lock expired (and a rival took it) while the work ran, yet with_lock \
+                 returned {other:?} (the work's own lease said lost: true means so)"
+            ),
+        }
+    });
+}
