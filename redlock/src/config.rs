@@ -59,7 +59,13 @@ pub(crate) fn check_ttl(
         return Err(ttl_err("must be at most one year".to_owned()));
     }
     let drift = drift(ttl, drift_factor);
-    if ttl <= node_timeout + drift + min_validity {
+    // Saturating: the minimum validity is the caller's and may be anything, `Duration::MAX`
+    // too (which overflowed here: a panic instead of this error).
+    if ttl
+        <= node_timeout
+            .saturating_add(drift)
+            .saturating_add(min_validity)
+    {
         let timeout = if node_timeout.is_zero() {
             String::new()
         } else {

@@ -214,3 +214,29 @@ fn redlock_is_cheap_to_clone_and_thread_safe() {
     let rl = build(|b| b).unwrap();
     assert_send(&rl.acquire("x"));
 }
+
+/// A minimum validity of `Duration::MAX` (the builder's or a `LockRequest`'s) is a typed
+/// configuration error: the TTL check added it to the drift allowance and panicked on the
+/// overflow, in `build()` and in `LockRequest::acquire` alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enormous_minimum_validity_is_a_typed_error() {
+    let built = std::panic::catch_unwind(|| build(|b| b.min_validity(Duration::MAX)));
+    match built {
+        Ok(Err(Error::Config(_))) => {}
+        Ok(other) => panic!("build: expected a config error, got {other:?}"),
+        Err(_) => panic!("build panicked on min_validity(Duration::MAX)"),
+    }
+    let rl = build(|b| b).expect("client");
+    let task = tokio::spawn(async move {
+        rl.lock("r")
+            .min_validity(Duration::MAX)
+            .acquire()
+            .await
+            .map(drop)
+    });
+    match task.await {
+        Ok(Err(Error::Config(_))) => {}
+        Ok(other) => panic!("LockRequest: expected a config error, got {other:?}"),
+        Err(e) => panic!("LockRequest::min_validity(Duration::MAX) panicked: {e}"),
+    }
+}
