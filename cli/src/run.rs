@@ -263,10 +263,40 @@ async fn stop_the_rest(grace_ends: tokio::time::Instant, command: Option<Pid>) {
             crate::tree::stop_all();
         }
         if killed_at.is_some_and(|at| now - at >= KILLED_WITHIN) {
+            // Not ours to signal (another user's, as under `sudo -u`) or stuck in the kernel:
+            // the user must know that part of the job may still run, unprotected, and where.
+            report_survivors();
             return;
         }
         tokio::time::sleep(POLL_REST).await;
     }
+}
+
+/// How many survivors' pids [`report_survivors`] names at most.
+const SURVIVORS_SHOWN: usize = 10;
+
+/// Says on stderr which processes the command started still run when `run` stops waiting for
+/// them (none said nothing: `run` exited 79 as if the job were stopped).
+fn report_survivors() {
+    let left = crate::tree::descendants();
+    if left.is_empty() {
+        return;
+    }
+    let mut pids: Vec<String> = left
+        .iter()
+        .take(SURVIVORS_SHOWN)
+        .map(|p| p.to_string())
+        .collect();
+    if left.len() > SURVIVORS_SHOWN {
+        pids.push("…".into());
+    }
+    errln!(
+        "redlock: {} process(es) the command started still run {} after SIGKILL (pid {}); \
+         they run without the lock",
+        left.len(),
+        humantime::format_duration(KILLED_WITHIN),
+        pids.join(", ")
+    );
 }
 
 /// The shell's exit code for death by `signal`: 128 + its number.

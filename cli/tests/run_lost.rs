@@ -339,3 +339,60 @@ async fn a_lock_that_expired_while_the_command_ran_is_reported_as_lost() {
         "each trial: the lock expired while the command ran; exit codes and stderr: {codes:?}"
     );
 }
+
+/// docs/cli.md: whatever still runs at the end of `--grace` "gets SIGKILL, and `redlock` exits
+/// 79 once all of it is gone (giving up 5 s after the first SIGKILL)". A process the command
+/// started that `redlock` may not signal (another user's, as under `sudo -u`) is still running
+/// when `run` gives up: it exited 79 without a word about it, and the user took the job for
+/// stopped. Here `redlock` runs without CAP_KILL (root-only setup: `setpriv`), and the command
+/// starts `sleep` as user 65534.
+#[tokio::test]
+async fn a_started_process_that_outlives_sigkill_is_reported() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root (setpriv to another user)");
+        return;
+    }
+    let cluster = Cluster::start(3).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (ready, pidfile) = (dir.path().join("ready"), dir.path().join("pid"));
+    let script = format!(
+        "exec >/dev/null 2>&1; setpriv --reuid=65534 --regid=65534 --clear-groups sleep 30 & \
+         echo $! > {pid}.tmp; mv {pid}.tmp {pid}; touch {ready}; wait",
+        pid = pidfile.display(),
+        ready = ready.display()
+    );
+    let mut cmd = common::isolated("setpriv");
+    cmd.args([
+        "--bounding-set",
+        "-kill",
+        env!("CARGO_BIN_EXE_redlock"),
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "--ttl",
+        "600ms",
+        "--grace",
+        "300ms",
+        "unkillable",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let child = cmd.spawn().unwrap();
+    wait_for_file(&ready).await;
+    let pid = read_pid(&pidfile);
+    steal(&cluster, "redlock:lock:unkillable").await;
+    let out = finish(child).await;
+    let running = kill(Pid::from_raw(pid), None).is_ok();
+    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    assert!(
+        running,
+        "the setup: process {pid} could not be killed by redlock; {out:?}"
+    );
+    assert_eq!(out.code, Some(79), "{out:?}");
+    assert!(
+        out.stderr.contains("still run") && out.stderr.contains(&pid.to_string()),
+        "process {pid} still runs after exit 79, and stderr does not say so: {out:?}"
+    );
+}
