@@ -3,6 +3,8 @@
 //! lost, and releases the lock when the command exits (or, with `--keep`, leaves it to expire).
 
 use std::os::unix::process::ExitStatusExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
@@ -27,8 +29,19 @@ pub(crate) const RESOURCE_ENV: &str = "REDLOCK_RESOURCE";
 const FORWARDED: [i32; 4] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT];
 
 /// Receives the forwarded signals on a thread of its own (signal-hook's iterator), with where
-/// each came from.
-fn signals() -> Result<mpsc::UnboundedReceiver<Origin>, Failure> {
+/// each came from; and the number of the last one to arrive (0 for none), set by the signal
+/// handler itself, for `run` to know without a thread's delay whether one came before the
+/// command started.
+fn signals() -> Result<(mpsc::UnboundedReceiver<Origin>, Arc<AtomicUsize>), Failure> {
+    let last = Arc::new(AtomicUsize::new(0));
+    for signal in FORWARDED {
+        signal_hook::flag::register_usize(
+            signal,
+            Arc::clone(&last),
+            usize::try_from(signal).unwrap_or(usize::MAX),
+        )
+        .map_err(|e| Failure::new(exit::OS_ERROR, format!("cannot handle signals: {e}")))?;
+    }
     let mut signals = SignalsInfo::<WithOrigin>::new(FORWARDED)
         .map_err(|e| Failure::new(exit::OS_ERROR, format!("cannot handle signals: {e}")))?;
     let (tx, rx) = mpsc::unbounded_channel();
@@ -42,7 +55,7 @@ fn signals() -> Result<mpsc::UnboundedReceiver<Origin>, Failure> {
             }
         })
         .map_err(|e| Failure::new(exit::OS_ERROR, format!("cannot start a thread: {e}")))?;
-    Ok(rx)
+    Ok((rx, last))
 }
 
 /// The retry policy that expresses `--wait`: one attempt for zero, else attempts until the
@@ -63,7 +76,7 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
             .max_hold(args.max_hold)
             .retry(policy(args.wait)),
     )?;
-    let mut signals = signals()?;
+    let (mut signals, last_signal) = signals()?;
     let resource = args.resource.as_str();
     // The name as messages show it: on one line, whatever it holds.
     let named = shown(resource);
@@ -118,6 +131,15 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
     // Orphans of what the command starts become this process's children, so that a lost lock
     // stops them too (Linux; elsewhere only the command itself is known).
     let adopted = crate::tree::adopt_orphans();
+    // A signal that came after the lock was taken reached no command: one from the terminal
+    // (Ctrl-C) is not passed on later (see below), and the command would run to its end as if
+    // it had not been sent. The command is not started at all; the lock is released.
+    let signal = last_signal.load(Ordering::SeqCst);
+    if signal != 0 {
+        let _ = guard.release().await;
+        errln!("redlock: interrupted before the command started; released the lock on {named}");
+        return Ok(signal_exit(i32::try_from(signal).unwrap_or(0)));
+    }
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {

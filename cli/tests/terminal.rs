@@ -231,3 +231,60 @@ async fn ctrl_c_on_the_terminal_reaches_the_command_once() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(cluster.keys("redlock:lock:*").await.is_empty(), "released");
 }
+
+/// Ctrl-C typed after the lock was taken but before the command started. The terminal sends
+/// SIGINT to the foreground process group, which the command is not in yet; `redlock` does
+/// not pass on a signal from the terminal ("the command has it already"), so the command
+/// started afterwards never got it and ran to the end, exit 0, as if no one had pressed
+/// Ctrl-C. The window (microseconds) is widened with strace(1), which delays the `prctl` calls
+/// `redlock` makes (the last, `PR_SET_CHILD_SUBREAPER`, comes just before the command starts).
+#[tokio::test]
+async fn ctrl_c_before_the_command_started_stops_it() {
+    use tokio::io::AsyncWriteExt;
+
+    if std::process::Command::new("strace")
+        .arg("-V")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: needs strace(1)");
+        return;
+    }
+    let cluster = Cluster::start(3).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let finished = dir.path().join("finished");
+    let job = format!("sleep 2; touch {}", finished.display());
+    // `-o FILE`: strace itself blocks SIGINT, and passes redlock's on with its origin;
+    // `--seccomp-bpf`: only `prctl` stops redlock, which keeps its node timeout.
+    let line = format!(
+        "exec strace -f --seccomp-bpf -o /dev/null -e trace=prctl -e inject=prctl:delay_exit=1500000 \
+         {} --nodes {} run term:pre -- sh -c '{job}'",
+        env!("CARGO_BIN_EXE_redlock"),
+        nodes(&cluster),
+    );
+    let mut child = common::isolated("script")
+        .args(["-q", "-f", "-e", "-c", &line, "/dev/null"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("script(1) from util-linux");
+    // The lock is taken (a quorum), and redlock is in the delay before the command starts.
+    common::wait_for_key(&cluster, "redlock:lock:term:pre", 2).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut keys = child.stdin.take().unwrap();
+    keys.write_all(b"\x03").await.unwrap();
+    keys.flush().await.unwrap();
+    let out = tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
+        .await
+        .expect("finished within the limit")
+        .unwrap();
+    drop(keys);
+    let ran = finished.exists();
+    assert!(
+        !ran,
+        "the command ran to the end after Ctrl-C: {} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(out.status.code(), Some(130), "{out:?}");
+    assert!(cluster.keys("redlock:lock:*").await.is_empty(), "released");
+}
