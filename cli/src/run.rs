@@ -130,7 +130,14 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
     }
     // Orphans of what the command starts become this process's children, so that a lost lock
     // stops them too (Linux; elsewhere only the command itself is known).
-    let adopted = crate::tree::adopt_orphans();
+    let adopted = crate::tree::adopt_orphans().unwrap_or_else(|e| {
+        // On Linux the user counts on a lost lock stopping all of the job: say it will not.
+        errln!(
+            "redlock: warning: cannot adopt the orphans of the command's processes ({e}); \
+             a lost lock stops only the command itself"
+        );
+        false
+    });
     // A signal that came after the lock was taken reached no command: one from the terminal
     // (Ctrl-C) is not passed on later (see below), and the command would run to its end as if
     // it had not been sent. The command is not started at all; the lock is released.

@@ -10,16 +10,17 @@
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-/// Asks the kernel to re-parent the orphans of this process's descendants to it; `false` when
-/// that is not available (not Linux, or refused): then only the command itself is signalled.
-pub(crate) fn adopt_orphans() -> bool {
+/// Asks the kernel to re-parent the orphans of this process's descendants to it; `Ok(false)`
+/// when that is not available (not Linux), an error when the kernel refused (a seccomp
+/// sandbox): either way only the command itself is signalled.
+pub(crate) fn adopt_orphans() -> Result<bool, nix::Error> {
     #[cfg(target_os = "linux")]
     {
-        nix::sys::prctl::set_child_subreaper(true).is_ok()
+        nix::sys::prctl::set_child_subreaper(true).map(|()| true)
     }
     #[cfg(not(target_os = "linux"))]
     {
-        false
+        Ok(false)
     }
 }
 

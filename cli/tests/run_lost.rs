@@ -396,3 +396,63 @@ async fn a_started_process_that_outlives_sigkill_is_reported() {
         "process {pid} still runs after exit 79, and stderr does not say so: {out:?}"
     );
 }
+
+/// docs/cli.md: on Linux "a lost lock signals every descendant" because `redlock` makes itself
+/// the child subreaper first. When `prctl(PR_SET_CHILD_SUBREAPER)` is refused (a seccomp
+/// sandbox; here strace(1) makes it fail with EPERM), a background job of the command runs on
+/// after exit 79, and `run` said nothing: the user took the job for stopped. It must warn.
+#[tokio::test]
+async fn a_refused_subreaper_is_reported() {
+    if std::process::Command::new("strace")
+        .arg("-V")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: needs strace(1)");
+        return;
+    }
+    let cluster = Cluster::start(3).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (ready, pidfile) = (dir.path().join("ready"), dir.path().join("pid"));
+    let script = format!(
+        "exec >/dev/null 2>&1; sleep 30 & echo $! > {pid}.tmp; mv {pid}.tmp {pid}; \
+         touch {ready}; wait",
+        pid = pidfile.display(),
+        ready = ready.display()
+    );
+    let mut cmd = common::isolated("strace");
+    // Not `-f`: strace would wait for the orphaned `sleep`. `prctl` comes from the main thread.
+    cmd.args([
+        "-o",
+        "/dev/null",
+        "-e",
+        "trace=prctl",
+        "-e",
+        "inject=prctl:error=EPERM",
+        env!("CARGO_BIN_EXE_redlock"),
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "--ttl",
+        "600ms",
+        "--grace",
+        "300ms",
+        "noreaper",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let child = cmd.spawn().unwrap();
+    wait_for_file(&ready).await;
+    let pid = read_pid(&pidfile);
+    steal(&cluster, "redlock:lock:noreaper").await;
+    let out = finish(child).await;
+    let running = kill(Pid::from_raw(pid), None).is_ok();
+    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    assert_eq!(out.code, Some(79), "{out:?}");
+    assert!(
+        !running || out.stderr.contains("only the command"),
+        "process {pid} the command started runs on after exit 79, and stderr does not warn: {out:?}"
+    );
+}
