@@ -59,6 +59,13 @@ use crate::exit::Failure;
 use crate::settings::Settings;
 
 fn main() -> ExitCode {
+    #[cfg(target_os = "linux")]
+    if std::env::args_os()
+        .next()
+        .is_some_and(|a| a == run::EXEC_ARG0)
+    {
+        return ExitCode::from(run::exec_command());
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

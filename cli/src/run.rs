@@ -58,6 +58,63 @@ fn signals() -> Result<(mpsc::UnboundedReceiver<Origin>, Arc<AtomicUsize>), Fail
     Ok((rx, last))
 }
 
+/// `argv[0]` of `redlock` started again to become the command (see [`exec_command`]).
+pub(crate) const EXEC_ARG0: &str = "redlock: starting the command";
+
+/// The command, started through `redlock` itself (Linux): [`exec_command`] asks the kernel to
+/// send it SIGKILL when `redlock` dies, then executes it in its place. A `redlock` killed with
+/// SIGKILL (`kill -9`, the OOM killer) can stop nothing, and the command would run on without
+/// the lock, alongside the next holder once the TTL passes.
+fn tied_command(argv: &[String]) -> tokio::process::Command {
+    #[cfg(target_os = "linux")]
+    {
+        // The running binary even if its file was replaced or deleted since.
+        let mut command = tokio::process::Command::new("/proc/self/exe");
+        command
+            .arg0(EXEC_ARG0)
+            .arg(std::process::id().to_string())
+            .args(argv);
+        command
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let mut command = tokio::process::Command::new(&argv[0]);
+        command.args(&argv[1..]);
+        command
+    }
+}
+
+/// `redlock` started by [`tied_command`]: `argv` is `EXEC_ARG0 PARENT COMMAND ARGS…`. Gets
+/// SIGKILL when its parent (`run`) dies, from now on and across the `exec`; ends at once if
+/// the parent is gone already; else becomes the command (same process id, environment, open
+/// files). Returns only when that fails, with the shell's code (127: not found, 126: other).
+#[cfg(target_os = "linux")]
+pub(crate) fn exec_command() -> u8 {
+    use std::os::unix::process::CommandExt;
+
+    let mut argv = std::env::args_os().skip(1);
+    let parent = argv.next().and_then(|p| p.to_str()?.parse::<i32>().ok());
+    let (Some(parent), Some(program)) = (parent, argv.next()) else {
+        errln!("redlock: {EXEC_ARG0}: bad arguments");
+        return exit::SOFTWARE;
+    };
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
+        errln!("redlock: warning: the command will not die with redlock ({e})");
+    }
+    if nix::unistd::getppid() != Pid::from_raw(parent) {
+        // `run` died before the request above: nothing holds the lock.
+        return exit::LOST;
+    }
+    let e = std::process::Command::new(&program).args(argv).exec();
+    let code = match e.kind() {
+        std::io::ErrorKind::NotFound => exit::NOT_FOUND,
+        _ => exit::CANNOT_EXECUTE,
+    };
+    let failure = Failure::new(code, format!("{}: {e}", program.to_string_lossy()));
+    errln!("redlock: {failure}");
+    code
+}
+
 /// The retry policy that expresses `--wait`: one attempt for zero, else attempts until the
 /// wait is over (woken early by release notifications).
 fn policy(wait: Duration) -> RetryPolicy {
@@ -116,12 +173,14 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
         .map_err(|e| Failure::new(exit::SOFTWARE, e.to_string()))?;
     let lease = guard.lease();
 
-    let mut command = tokio::process::Command::new(&args.command[0]);
-    command.args(&args.command[1..]).env(RESOURCE_ENV, resource);
-    match &fence {
-        Some(token) => command.env(FENCE_TOKEN_ENV, token),
-        // A token inherited from an outer lock must not pass for this one.
-        None => command.env_remove(FENCE_TOKEN_ENV),
+    let with_env = |mut command: tokio::process::Command| {
+        command.env(RESOURCE_ENV, resource);
+        match &fence {
+            Some(token) => command.env(FENCE_TOKEN_ENV, token),
+            // A token inherited from an outer lock must not pass for this one.
+            None => command.env_remove(FENCE_TOKEN_ENV),
+        };
+        command
     };
     if lease.is_lost() {
         let _ = guard.release().await;
@@ -147,7 +206,13 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
         errln!("redlock: interrupted before the command started; released the lock on {named}");
         return Ok(signal_exit(i32::try_from(signal).unwrap_or(0)));
     }
-    let mut child = match command.spawn() {
+    // Without /proc (see `tied_command`), the command is started directly.
+    let spawned = with_env(tied_command(&args.command)).spawn().or_else(|_| {
+        let mut direct = tokio::process::Command::new(&args.command[0]);
+        direct.args(&args.command[1..]);
+        with_env(direct).spawn()
+    });
+    let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
             let _ = guard.release().await;

@@ -456,3 +456,56 @@ async fn a_refused_subreaper_is_reported() {
         "process {pid} the command started runs on after exit 79, and stderr does not warn: {out:?}"
     );
 }
+
+/// docs/cli.md, `--ttl`: "A crashed `redlock` leaves the lock to expire after at most this
+/// long." `redlock` killed with SIGKILL (`kill -9`, the OOM killer) cannot stop its command,
+/// which ran on without the lock: once the TTL passed, a second `redlock run` took the lock
+/// and the two ran at once. The command must die with `redlock`.
+#[tokio::test]
+async fn the_command_dies_with_a_killed_redlock() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let script = format!(
+        "echo $$ > {pid}.tmp; mv {pid}.tmp {pid}; exec sleep 20",
+        pid = pidfile.display()
+    );
+    let mut child = redlock([
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "--ttl",
+        "1s",
+        "crash",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ])
+    .spawn()
+    .unwrap();
+    wait_for_file(&pidfile).await;
+    let pid = read_pid(&pidfile);
+    let me = Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
+    kill(me, Signal::SIGKILL).unwrap();
+    // Not `finish`: the command, if it runs on, holds the output pipes open.
+    let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+    // The TTL passes: the lock is free for another holder.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let left = live_threads(pid);
+    let second = output(redlock([
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "crash",
+        "--",
+        "true",
+    ]))
+    .await;
+    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    assert_eq!(second.code, Some(0), "the lock expired: {second:?}");
+    assert_eq!(
+        left, 0,
+        "the command (pid {pid}) runs on after redlock was killed, while a second holder takes the lock"
+    );
+}
