@@ -51,6 +51,54 @@ struct Live {
     outbox: Arc<Outbox>,
     /// The conditional commands the server has natively.
     native: Native,
+    /// Whether answers still come back on this connection.
+    heard: Arc<Heard>,
+}
+
+/// Whether a connection still answers. A connection can go silent while its server is fine —
+/// a middlebox that lost the session's state, a partition after which the kernel's
+/// retransmissions back off for minutes — and a timeout, unlike an error, says nothing about
+/// the connection: without this, such a connection was used on and on, and the node lost its
+/// vote for as long as the TCP session lived (up to the kernel's retransmission limit, about
+/// 15 minutes; for good behind a proxy that acknowledges what it does not forward). Test
+/// `silent_connections::a_silent_connection_to_a_healthy_node_is_replaced`.
+#[derive(Default)]
+struct Heard {
+    /// When the first request sent since the last answer was sent, as microseconds since the
+    /// node's `born` plus one; 0 when every request sent so far was answered.
+    waiting_since: AtomicU64,
+    /// A `PING` is checking the connection.
+    probing: AtomicBool,
+}
+
+impl Heard {
+    fn sending(&self, now: u64) {
+        let _ = self
+            .waiting_since
+            .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    fn answered(&self) {
+        self.waiting_since.store(0, Ordering::Release);
+    }
+
+    /// Whether a request has waited for an answer since more than `patience` before `now`.
+    fn silent_for(&self, now: u64, patience: Duration) -> bool {
+        let since = self.waiting_since.load(Ordering::Acquire);
+        since != 0 && u128::from(now.saturating_sub(since)) > patience.as_micros()
+    }
+}
+
+/// Whether `answer` came from the server (a reply, an error reply), as opposed to an error made
+/// on this side (a connection that failed, a quarantine) that proves nothing about it.
+fn from_server<T>(answer: &Result<T, NodeError>) -> bool {
+    match answer {
+        Ok(_) => true,
+        Err(e) => matches!(
+            e.kind(),
+            NodeErrorKind::Server | NodeErrorKind::Auth | NodeErrorKind::Identity
+        ),
+    }
 }
 
 /// The identities of one client's nodes. One server reached through two of the configured
@@ -213,6 +261,8 @@ pub(crate) struct RedisNode {
     slot: Mutex<Slot>,
     generation: AtomicU64,
     reloading: AtomicBool,
+    /// The origin of the times kept in [`Heard`].
+    born: Instant,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -276,6 +326,7 @@ impl RedisNode {
             slot: Mutex::default(),
             generation: AtomicU64::new(0),
             reloading: AtomicBool::new(false),
+            born: Instant::now(),
         })
     }
 
@@ -312,6 +363,38 @@ impl RedisNode {
         T: Send + 'static,
         F: FnOnce(Live) -> BoxFuture<'static, Result<T, NodeError>> + Send + 'static,
     {
+        self.with_live_as(must_reach, true, request)
+    }
+
+    /// [`RedisNode::with_live`]; with `watch`, the request counts as sent to the server, and
+    /// its answer as a sign of life of the connection (see [`Heard`]).
+    fn with_live_as<T, F>(
+        self: &Arc<Self>,
+        must_reach: bool,
+        watch: bool,
+        request: F,
+    ) -> BoxFuture<'static, Result<T, NodeError>>
+    where
+        T: Send + 'static,
+        F: FnOnce(Live) -> BoxFuture<'static, Result<T, NodeError>> + Send + 'static,
+    {
+        let node = Arc::clone(self);
+        let request = move |live: Live| {
+            if !watch {
+                return request(live);
+            }
+            let heard = Arc::clone(&live.heard);
+            heard.sending(node.micros());
+            let call = request(live);
+            async move {
+                let answer = call.await;
+                if from_server(&answer) {
+                    heard.answered();
+                }
+                answer
+            }
+            .boxed()
+        };
         let mut slot = lock(&self.slot);
         if !slot.opening
             && slot.queue.is_empty()
@@ -319,6 +402,9 @@ impl RedisNode {
         {
             let live = live.clone();
             drop(slot);
+            if watch {
+                self.check_silence(&live);
+            }
             return request(live);
         }
         let (tx, rx) = oneshot::channel();
@@ -406,7 +492,7 @@ impl RedisNode {
 
     /// Opens the connection now (if it is not open), waiting for the outcome.
     pub(crate) async fn connect(self: &Arc<Self>) -> Result<(), NodeError> {
-        self.with_live(false, |_| future::ready(Ok(())).boxed())
+        self.with_live_as(false, false, |_| future::ready(Ok(())).boxed())
             .await
     }
 
@@ -489,7 +575,51 @@ impl RedisNode {
             quarantined_until,
             outbox: Arc::default(),
             native,
+            heard: Arc::default(),
         })
+    }
+
+    /// Microseconds since `born`, plus one (0 means "none" in [`Heard`]).
+    fn micros(&self) -> u64 {
+        u64::try_from(self.born.elapsed().as_micros())
+            .unwrap_or(u64::MAX)
+            .saturating_add(1)
+    }
+
+    /// When a request on `live` has waited for an answer longer than the connect timeout,
+    /// checks the connection with a `PING` in the background (one at a time). Answered, the
+    /// connection is merely slow, or its last requests were dropped before their answers came;
+    /// not answered within the connect timeout either, it is forgotten, and the next request
+    /// opens a new one, as after a broken connection. The server may be hung rather than the
+    /// connection silent: then the new connection's handshake times out too, and requests wait
+    /// for it within their budget, as for any node being connected.
+    fn check_silence(self: &Arc<Self>, live: &Live) {
+        let patience = self.connect_timeout;
+        if !live.heard.silent_for(self.micros(), patience)
+            || live.heard.probing.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            live.heard.probing.store(false, Ordering::Release);
+            return;
+        };
+        let (node, live) = (Arc::clone(self), live.clone());
+        drop(rt.spawn(async move {
+            let mut conn = live.conn.clone();
+            let cmd = redis::cmd("PING");
+            let ping = cmd.query_async::<redis::Value>(&mut conn);
+            match tokio::time::timeout(patience, ping).await {
+                Ok(Ok(_)) => live.heard.answered(),
+                Ok(Err(e)) if e.code().is_some() => live.heard.answered(),
+                Ok(Err(e)) => drop(node.failed(&live, &e, "")),
+                Err(_) => {
+                    tracing::debug!(node = %node.name, ?patience, "no answer on the connection; opening a new one");
+                    node.invalidate(live.generation);
+                }
+            }
+            live.heard.probing.store(false, Ordering::Release);
+        }));
     }
 
     /// Forgets connection `generation` after it failed, so the next call reconnects.

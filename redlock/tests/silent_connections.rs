@@ -1,0 +1,133 @@
+//! A connection that goes silent while the node is fine: the path keeps the TCP session open
+//! (a middlebox that lost its state, a half-dead NAT entry, a partition whose retransmissions
+//! back off for minutes) but no answer comes back on it, while a new connection works.
+#![allow(missing_docs)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use redlock::{Redlock, RetryPolicy};
+use redlock_testkit::Cluster;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+
+/// A TCP forwarder whose connections can be made silent: after [`Freezer::freeze`], the
+/// connections accepted before it keep reading what the client sends (so its TCP sees every
+/// byte acknowledged) but forward nothing either way; connections accepted later work.
+struct Freezer {
+    url: String,
+    epoch: Arc<AtomicU64>,
+}
+
+impl Freezer {
+    async fn start(target: std::net::SocketAddr) -> Freezer {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+        let url = format!("redis://{}", listener.local_addr().unwrap());
+        let epoch = Arc::new(AtomicU64::new(0));
+        let frozen = Arc::clone(&epoch);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let born = frozen.load(Ordering::SeqCst);
+                let frozen = Arc::clone(&frozen);
+                tokio::spawn(async move {
+                    let Ok(upstream) = TcpStream::connect(target).await else {
+                        return;
+                    };
+                    let (mut crd, mut cwr) = client.into_split();
+                    let (mut urd, mut uwr) = upstream.into_split();
+                    let alive = move || frozen.load(Ordering::SeqCst) == born;
+                    let alive2 = alive.clone();
+                    let up = async move {
+                        let mut buf = vec![0u8; 16 * 1024];
+                        loop {
+                            let n = crd.read(&mut buf).await?;
+                            if n == 0 {
+                                return Ok::<(), std::io::Error>(());
+                            }
+                            if alive() {
+                                uwr.write_all(&buf[..n]).await?;
+                            }
+                        }
+                    };
+                    let down = async move {
+                        let mut buf = vec![0u8; 16 * 1024];
+                        loop {
+                            let n = urd.read(&mut buf).await?;
+                            if n == 0 {
+                                return Ok::<(), std::io::Error>(());
+                            }
+                            if alive2() {
+                                cwr.write_all(&buf[..n]).await?;
+                            }
+                        }
+                    };
+                    let _ = tokio::join!(up, down);
+                });
+            }
+        });
+        Freezer { url, epoch }
+    }
+
+    /// Makes every connection accepted so far silent, for good.
+    fn freeze(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// The node behind a silent connection is healthy: the client must stop using that connection
+/// and open a new one, instead of losing the node's vote for as long as the old TCP session
+/// lives (forever here; up to the kernel's retransmission limit, about 15 minutes, on a real
+/// network). Node 2 is paused, so every acquire needs node 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_connection_to_a_healthy_node_is_replaced() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let freezer = Freezer::start(cluster.node(0).addr()).await;
+    let urls = vec![
+        freezer.url.clone(),
+        cluster.urls()[1].clone(),
+        cluster.urls()[2].clone(),
+    ];
+    let rl = Redlock::builder()
+        .nodes(urls)
+        .ttl(Duration::from_secs(2))
+        .node_timeout(Duration::from_millis(50))
+        .connect_timeout(Duration::from_millis(300))
+        .retry(RetryPolicy::once())
+        .build()
+        .unwrap();
+    for report in rl.connect().await {
+        assert!(
+            matches!(report.outcome, redlock::NodeOutcome::Confirmed),
+            "{report:?}"
+        );
+    }
+    let lock = rl
+        .try_acquire("warm")
+        .await
+        .expect("a healthy cluster grants");
+    rl.release(lock).await.unwrap();
+
+    freezer.freeze();
+    cluster.node(2).pause();
+    let started = Instant::now();
+    let limit = Duration::from_secs(4);
+    let mut last = None;
+    while started.elapsed() < limit {
+        match rl.try_acquire("after").await {
+            Ok(lock) => {
+                cluster.node(2).resume();
+                rl.release(lock).await.ok();
+                return;
+            }
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cluster.node(2).resume();
+    panic!(
+        "no acquire through the healthy node 0 within {limit:?} after its connection went silent; last error: {}",
+        last.map(|e| e.to_string()).unwrap_or_default()
+    );
+}
