@@ -885,14 +885,17 @@ impl<B: Backend> Core<B> {
     /// Whether `key` is free now: enough nodes confirmed they have no such key that no quorum
     /// can hold it (N − quorum + 1, decided as soon as they answered). Otherwise, how many
     /// nodes held it, how many did not answer, and when (on the monotonic clock) it would be
-    /// free if nobody renews it. Reads only.
-    async fn probe(&self, key: &Arc<str>) -> Probe {
+    /// free if nobody renews it. Reads only. A node not answered by `until` (or within its
+    /// budget, if sooner) counts as unknown.
+    async fn probe(&self, key: &Arc<str>, until: Option<Instant>) -> Probe {
         let n = self.backend.len();
         let needed = engine::needed(Goal::NoQuorumLeft, n);
+        let now = Instant::now();
         let mut calls: futures_util::stream::FuturesUnordered<_> = (0..n)
             .map(|i| {
                 let call = self.backend.expiry(i, Arc::clone(key));
-                tokio::time::timeout(self.backend.budget(i), call)
+                let by = now + self.backend.budget(i);
+                tokio::time::timeout_at(until.map_or(by, |u| by.min(u)), call)
             })
             .collect();
         let started = Instant::now();
@@ -925,6 +928,14 @@ impl<B: Backend> Core<B> {
     /// Waits until no quorum holds `resource`, without taking it: probes the nodes now, then
     /// again on every release notification and at the latest [`RECHECK`] later (sooner when
     /// the holders' keys expire sooner), until `timeout` has passed.
+    ///
+    /// The wait ends by the deadline plus one node timeout: the check made at the deadline
+    /// gets that long, the subscription nothing past the deadline; only the first check gets
+    /// its whole budget (a timeout shorter than one check still gets one). A check's budget
+    /// includes opening a connection (up to five node timeouts), and a check or subscription
+    /// started just before the deadline used to run all of it past the deadline: with a
+    /// majority hung, a 300 ms wait took about 700 ms (test
+    /// `released::a_wait_on_a_hung_majority_ends_by_its_timeout`).
     pub(crate) async fn wait_released(
         &self,
         resource: &str,
@@ -936,6 +947,7 @@ impl<B: Backend> Core<B> {
         let started = Instant::now();
         let deadline = lock::far_after(started, timeout);
         let mut interest: Option<Interest> = None;
+        let mut first = true;
         loop {
             // Listen before probing, so a release between the probe and the wait counts. Every
             // node's message of a release counts, not only the first: the first node to delete
@@ -947,7 +959,9 @@ impl<B: Backend> Core<B> {
             if let Some(n) = notified.as_mut() {
                 n.as_mut().enable();
             }
-            let (held, unknown, free_at) = match self.probe(&key).await {
+            let cut = (!first).then(|| deadline + self.config.node_timeout);
+            first = false;
+            let (held, unknown, free_at) = match self.probe(&key, cut).await {
                 Probe::Free => return Ok(()),
                 Probe::Held {
                     held,
@@ -955,22 +969,26 @@ impl<B: Backend> Core<B> {
                     free_at,
                 } => (held, unknown, free_at),
             };
+            let timed_out = || Error::WaitTimedOut {
+                resource: resources[0].clone(),
+                timeout,
+                waited: started.elapsed(),
+                held,
+                unknown,
+            };
             let now = Instant::now();
             if now >= deadline {
-                return Err(Error::WaitTimedOut {
-                    resource: resources[0].clone(),
-                    timeout,
-                    waited: now - started,
-                    held,
-                    unknown,
-                });
+                return Err(timed_out());
             }
             if interest.is_none()
                 && let Some(waiters) = &self.waiters
             {
                 // Subscribe, then probe again at once: the holder may have left meanwhile.
                 let channel = format!("{}{}", self.channel_prefix, resources[0]);
-                interest = Some(waiters.interest(&channel).await);
+                match tokio::time::timeout_at(deadline, waiters.interest(&channel)).await {
+                    Ok(subscribed) => interest = Some(subscribed),
+                    Err(_) => return Err(timed_out()),
+                }
                 continue;
             }
             let recheck = free_at

@@ -209,6 +209,36 @@ async fn times_out_while_held() {
     guard.release().await.unwrap();
 }
 
+/// A wait ends by its timeout (plus the node timeout its last check gets) when a majority hangs (accepts connections, answers nothing),
+/// also for a client whose connections are still being opened: each check then waits out the
+/// connect allowance, and a check started just before the deadline used to run its whole
+/// budget past it (a 300 ms wait took about 700 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_on_a_hung_majority_ends_by_its_timeout() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let holder = client(&cluster, Duration::from_secs(10));
+    let lock = holder.acquire("hung").await.unwrap();
+    cluster.node(0).pause();
+    cluster.node(1).pause();
+    let waiter = Redlock::builder()
+        .nodes(cluster.urls())
+        .retry(RetryPolicy::once())
+        .build()
+        .unwrap();
+    let timeout = Duration::from_millis(300);
+    let started = Instant::now();
+    let got = waiter.wait_released("hung", timeout).await;
+    let took = started.elapsed();
+    cluster.node(0).resume();
+    cluster.node(1).resume();
+    assert!(got.as_ref().is_err_and(Error::is_timeout), "{got:?}");
+    assert!(
+        took < timeout + redlock::DEFAULT_NODE_TIMEOUT + Duration::from_millis(60),
+        "a {timeout:?} wait took {took:?}"
+    );
+    holder.release(lock).await.unwrap();
+}
+
 /// Waiting reads only: the nodes' keys and values are the same before and after, whether the
 /// resource was free or held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
