@@ -364,6 +364,60 @@ async fn quarantine_holds_after_a_restore_from_an_older_snapshot() {
     assert!(quarantined_nodes(&err) >= 1, "{err}");
 }
 
+/// The limit of the restart quarantine: a backup restored into a *running* server (`FLUSHALL`,
+/// then the backup's keys written back with `RESTORE`, as restore tools do) brings back the
+/// identity record unchanged, and the server did not restart — no client can notice, and the
+/// node grants a live lock again. Negative control for docs/operations.md §9 ("Restoring a
+/// backup"): restart the server on the restored files, or leave the identity record out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn negative_control_a_backup_restored_in_place_is_not_noticed() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let ttl = Duration::from_secs(2);
+    let (a, b) = quarantined_pair(&cluster, ttl).await;
+    let mut backups = Vec::new();
+    for i in 0..2 {
+        let mut c = cluster.node(i).connection().await.unwrap();
+        let keys: Vec<String> = redlock_testkit::redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let mut dumped = Vec::new();
+        for key in keys {
+            let value: Vec<u8> = redlock_testkit::redis::cmd("DUMP")
+                .arg(&key)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            dumped.push((key, value));
+        }
+        backups.push(dumped);
+    }
+    let held = a.try_acquire("in-place").await.expect("A acquires");
+    for (i, dumped) in backups.iter().enumerate() {
+        let mut c = cluster.node(i).connection().await.unwrap();
+        let () = redlock_testkit::redis::cmd("FLUSHALL")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        for (key, value) in dumped {
+            let () = redlock_testkit::redis::cmd("RESTORE")
+                .arg(key)
+                .arg(0)
+                .arg(value)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+        }
+    }
+    let rival = b.try_acquire("in-place").await;
+    assert!(held.is_valid(), "A's lock should still be valid");
+    assert!(
+        rival.is_ok(),
+        "the restored nodes were expected to grant again (the documented limit): {rival:?}"
+    );
+}
+
 /// Restart quarantine keys on the restart, not on which data survived: nodes with AOF
 /// `everysec` killed with `kill -9` and restarted with whatever their files hold are kept out
 /// of every quorum for the quarantine, whether or not the lock key made it to disk.
