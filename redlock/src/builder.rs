@@ -91,8 +91,8 @@ impl RedlockBuilder {
     /// Connection-opening timeout. Default: [`DEFAULT_CONNECT_TIMEOUT`](crate::DEFAULT_CONNECT_TIMEOUT).
     ///
     /// Also how long a request may wait for an answer before a `PING` checks its connection,
-    /// and how long that `PING` may take before the connection is replaced by a new one
-    /// (docs/protocol.md, "Connections").
+    /// and how long that check's steps may take before a silent connection to a server that
+    /// answers on a new one is replaced (docs/protocol.md, "Connections").
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.config.connect_timeout = timeout;
         self
