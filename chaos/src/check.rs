@@ -147,7 +147,13 @@ struct Window<'a> {
     acquire: &'a Op,
 }
 
-/// Mutual exclusion: no two holders' (client tasks') claimed validity windows on one resource
+/// Who holds a window: one hold of one client task. A task that abandoned a lock (a crashed
+/// holder) and acquires it again before the old validity ran out is two holders at once.
+fn holder(op: &Op) -> (u32, u32, u64) {
+    (op.client, op.task, op.hold)
+}
+
+/// Mutual exclusion: no two holders' (holds') claimed validity windows on one resource
 /// overlap.
 pub fn mutual_exclusion(ops: &[Op], guaranteed: bool) -> Verdict {
     let mut v = Verdict::new("mutual exclusion", guaranteed);
@@ -184,7 +190,7 @@ pub fn mutual_exclusion(ops: &[Op], guaranteed: bool) -> Verdict {
         for w in ws.iter() {
             if let Some(l) = latest
                 && w.start < l.end
-                && (w.acquire.client, w.acquire.task) != (l.acquire.client, l.acquire.task)
+                && holder(w.acquire) != holder(l.acquire)
             {
                 v.found(|| {
                     format!(
@@ -421,6 +427,11 @@ mod tests {
         // A grant before the abandoned validity ran out is a violation.
         ops.extend(hold(1, 2, 399, 600, Some(420)));
         assert_eq!(mutual_exclusion(&ops, true).violations, 2);
+        // A task that walked away from its lock (no release) and is granted it again while
+        // the old validity runs is two holders, though one task.
+        let mut again = hold(2, 1, 10, 200, None);
+        again.extend(hold(2, 2, 150, 300, Some(250)));
+        assert_eq!(mutual_exclusion(&again, true).violations, 1);
         // Failed or unknown acquisitions claim nothing.
         let mut ops = hold(0, 1, 10, 200, Some(100));
         let mut a = op(1, 1, Kind::Acquire, Outcome::Unknown, 40, 50);
