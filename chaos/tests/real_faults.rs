@@ -11,7 +11,7 @@ use redlock_chaos::real_faults::RealFaults;
 use redlock_testkit::{Cluster, Persistence, RedisNode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::time::{sleep, timeout};
+use tokio::time::{Instant, sleep, timeout};
 
 fn fault(kind: Kind, nodes: &[usize], amount: Duration) -> Fault {
     Fault {
@@ -256,4 +256,60 @@ async fn pause_proxy_and_server_side_faults() {
     let after = timeout(Duration::from_secs(2), ping(&mut conn)).await;
     assert!(matches!(after, Ok(Err(_))), "{after:?}");
     assert_eq!(ping(&mut other_conn).await.unwrap(), "PONG");
+}
+
+/// Sends `PING` on `stream` (a raw connection): the reply, or `None` when none came within
+/// `wait`.
+async fn raw_ping(stream: &mut TcpStream, wait: Duration) -> Option<Vec<u8>> {
+    stream.write_all(b"PING\r\n").await.unwrap();
+    read_within(stream, wait).await
+}
+
+async fn read_within(stream: &mut TcpStream, wait: Duration) -> Option<Vec<u8>> {
+    let mut buf = [0u8; 16];
+    let n = timeout(wait, stream.read(&mut buf)).await.ok()?.unwrap();
+    Some(buf[..n].to_vec())
+}
+
+#[tokio::test]
+async fn delay_and_drop_hold_up_the_proxied_links_until_healed() {
+    let cluster = cluster(2, Persistence::None, false).await;
+    let faults = RealFaults::new(Arc::clone(&cluster));
+    let through = |i: usize| cluster.node(i).proxy().unwrap().addr();
+    let mut conn = TcpStream::connect(through(0)).await.unwrap();
+    let mut other = TcpStream::connect(through(1)).await.unwrap();
+    let second = Duration::from_secs(1);
+
+    // A delay of 150 ms holds each direction: a round trip takes at least 300 ms.
+    let delay = fault(Kind::Delay, &[0], Duration::from_millis(150));
+    faults.inject(&delay).await.unwrap();
+    let started = Instant::now();
+    assert_eq!(raw_ping(&mut conn, second).await.unwrap(), b"+PONG\r\n");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(290),
+        "a delayed PING took {took:?}"
+    );
+    let started = Instant::now();
+    assert_eq!(raw_ping(&mut other, second).await.unwrap(), b"+PONG\r\n");
+    assert!(
+        started.elapsed() < Duration::from_millis(100),
+        "the other node was delayed"
+    );
+    faults.heal(&delay).await.unwrap();
+    let started = Instant::now();
+    assert_eq!(raw_ping(&mut conn, second).await.unwrap(), b"+PONG\r\n");
+    assert!(
+        started.elapsed() < Duration::from_millis(100),
+        "the delay outlived heal"
+    );
+
+    // A drop forwards nothing but keeps the connection open; healed, the held bytes go through.
+    let blackhole = fault(Kind::Drop, &[0], Duration::from_millis(100));
+    faults.inject(&blackhole).await.unwrap();
+    let held = raw_ping(&mut conn, Duration::from_millis(500)).await;
+    assert_eq!(held, None, "a dropped link answered");
+    assert_eq!(raw_ping(&mut other, second).await.unwrap(), b"+PONG\r\n");
+    faults.heal(&blackhole).await.unwrap();
+    assert_eq!(read_within(&mut conn, second).await.unwrap(), b"+PONG\r\n");
 }
