@@ -124,6 +124,9 @@ struct SimArgs {
     /// The lock's TTL.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     ttl: Duration,
+    /// Size of forward clock steps (default: 30–60 % of the TTL, drawn per step).
+    #[arg(long, value_parser = parse_duration)]
+    jump: Option<Duration>,
     /// Threads running histories.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -173,7 +176,7 @@ fn sim_settings(a: &SimArgs) -> Settings {
         quarantine: !a.no_quarantine,
         drift_factor: a.drift_factor,
         ttl: a.ttl,
-        jump: None,
+        jump: a.jump,
         processes: false,
     }
 }

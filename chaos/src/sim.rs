@@ -400,6 +400,9 @@ fn replay_flags(s: &Settings) -> String {
         s.drift_factor,
         if nemesis.is_empty() { "none".to_owned() } else { nemesis.join(",") }
     ));
+    if let Some(jump) = s.jump {
+        f.push_str(&format!(" --jump {}ms", jump.as_millis()));
+    }
     if !s.fencing {
         f.push_str(" --no-fencing");
     }

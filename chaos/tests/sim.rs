@@ -103,3 +103,32 @@ fn negative_controls_are_caught() {
         );
     }
 }
+
+/// The drift allowance, not the size of the steps, is what keeps forward clock steps safe:
+/// steps within it leave mutual exclusion standing, and the same steps with no allowance
+/// (drift factor 0) give two holders. The steps are a third of the allowance: the schedule
+/// puts at least 1 s between faults, so up to three of them can fall within one 2 s TTL.
+#[test]
+fn the_drift_allowance_keeps_forward_steps_safe() {
+    let jump = Duration::from_millis(160);
+    let within = Settings {
+        drift_factor: 0.25,
+        jump: Some(jump),
+        ..settings(0, &[Kind::ClockForward])
+    };
+    assert!(within.drift_allowance() >= jump * 3);
+    assert_eq!(
+        caught("mutual exclusion", within.clone()),
+        None,
+        "steps of {jump:?} within an allowance of {:?} gave two holders",
+        within.drift_allowance()
+    );
+    let without = Settings {
+        drift_factor: 0.0,
+        ..within
+    };
+    assert!(
+        caught("mutual exclusion", without).is_some(),
+        "steps of {jump:?} beyond an allowance of 2 ms never gave two holders"
+    );
+}
