@@ -78,10 +78,15 @@ fn tied_command(argv: &[String]) -> tokio::process::Command {
     }
     #[cfg(not(target_os = "linux"))]
     {
-        let mut command = tokio::process::Command::new(&argv[0]);
-        command.args(&argv[1..]);
-        command
+        direct_command(argv)
     }
+}
+
+/// The command itself, started directly: elsewhere than Linux, and where `/proc` is missing.
+fn direct_command(argv: &[String]) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(&argv[0]);
+    command.args(&argv[1..]);
+    command
 }
 
 /// `redlock` started by [`tied_command`]: `argv` is `EXEC_ARG0 PARENT COMMAND ARGS…`. Gets
@@ -207,11 +212,9 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
         return Ok(signal_exit(i32::try_from(signal).unwrap_or(0)));
     }
     // Without /proc (see `tied_command`), the command is started directly.
-    let spawned = with_env(tied_command(&args.command)).spawn().or_else(|_| {
-        let mut direct = tokio::process::Command::new(&args.command[0]);
-        direct.args(&args.command[1..]);
-        with_env(direct).spawn()
-    });
+    let spawned = with_env(tied_command(&args.command))
+        .spawn()
+        .or_else(|_| with_env(direct_command(&args.command)).spawn());
     let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {

@@ -403,11 +403,7 @@ async fn a_started_process_that_outlives_sigkill_is_reported() {
 /// after exit 79, and `run` said nothing: the user took the job for stopped. It must warn.
 #[tokio::test]
 async fn a_refused_subreaper_is_reported() {
-    if std::process::Command::new("strace")
-        .arg("-V")
-        .output()
-        .is_err()
-    {
+    if !common::has_strace() {
         eprintln!("skipped: needs strace(1)");
         return;
     }

@@ -242,11 +242,7 @@ async fn ctrl_c_on_the_terminal_reaches_the_command_once() {
 async fn ctrl_c_before_the_command_started_stops_it() {
     use tokio::io::AsyncWriteExt;
 
-    if std::process::Command::new("strace")
-        .arg("-V")
-        .output()
-        .is_err()
-    {
+    if !common::has_strace() {
         eprintln!("skipped: needs strace(1)");
         return;
     }

@@ -109,6 +109,15 @@ pub fn until_sigterm(ready: &std::path::Path) -> String {
     )
 }
 
+/// Whether strace(1) can be run here (tests that fail a system call or widen a race window
+/// with it print "skipped" and return without it).
+pub fn has_strace() -> bool {
+    std::process::Command::new("strace")
+        .arg("-V")
+        .output()
+        .is_ok()
+}
+
 /// Waits (bounded) until `path` exists.
 pub async fn wait_for_file(path: &std::path::Path) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
