@@ -19,7 +19,7 @@ use crate::lock::{self, Deadline, Lock, ReleaseReport};
 use crate::renewal::Renewer;
 use crate::telemetry;
 use crate::token::Token;
-use crate::waiters::{Interest, LocalHolder, Standing, Waiters};
+use crate::waiters::{Interest, LocalHolder, NodeWait, Standing, Waiters};
 
 /// A shared, immutable list of resource names or keys.
 type Names = Arc<[String]>;
@@ -32,6 +32,17 @@ type Names = Arc<[String]>;
 pub(crate) struct Terms {
     pub(crate) ttl: Duration,
     pub(crate) min_validity: Duration,
+}
+
+/// One acquisition attempt's token, and how it is made.
+#[derive(Debug)]
+pub(crate) struct Try {
+    pub(crate) token: Token,
+    /// The token is the caller's, reused across attempts: a node that holds it already
+    /// re-arms it instead of refusing.
+    pub(crate) rearm: bool,
+    /// The attempt races other clients' waiters: it asks the resource's first node first.
+    pub(crate) racing: bool,
 }
 
 /// Longest time `wait_released` goes without probing the nodes: it bounds what a lost release
@@ -391,15 +402,19 @@ impl<B: Backend> Core<B> {
         Ok((resources.into(), keys))
     }
 
-    /// One acquisition attempt.
+    /// One acquisition attempt. One given up on whose requests to some nodes are still out
+    /// adds them to `unanswered`.
     pub(crate) async fn attempt(
         &self,
         resources: &Arc<[String]>,
         keys: &Arc<[String]>,
-        token: Token,
-        rearm: bool,
+        Try {
+            token,
+            rearm,
+            racing,
+        }: Try,
         terms: Terms,
-        racing: bool,
+        unanswered: &mut Vec<engine::Unanswered>,
     ) -> Result<Lock, Error> {
         self.usable()?;
         let ttl = terms.ttl;
@@ -437,9 +452,12 @@ impl<B: Backend> Core<B> {
             phase.set_cleanup(attempt_cleanup(keys, &token, None));
         }
         // A misconfiguration found while this attempt ran: none of its votes may count.
+        // (Each way out but success gives the attempt up; the caller's next attempt watches
+        // its requests still out.)
         if d.success
             && let Err(e) = self.usable()
         {
+            unanswered.extend(phase.unanswered());
             phase.abandon();
             return Err(e);
         }
@@ -450,6 +468,7 @@ impl<B: Backend> Core<B> {
         {
             Ok(valid_for) => valid_for,
             Err(e) => {
+                unanswered.extend(phase.unanswered());
                 phase.abandon();
                 return Err(e);
             }
@@ -533,6 +552,11 @@ impl<B: Backend> Core<B> {
             // Quick retries left after split votes, granted by a release notification (see
             // below); a split vote without a release before it is waited out like a refusal.
             let mut quick_retries = 0u32;
+            // Failed attempts whose requests to some nodes were still out (see below).
+            let mut unanswered: Vec<engine::Unanswered> = Vec::new();
+            // The wait for the first node's message of the release heard was skipped before
+            // the next attempt: the node was not known to hold the lock (see below).
+            let mut first_skipped = false;
             // The next attempt follows a stagger: a race against other clients' waiters, whose
             // result counts towards this client's share (see `Interest::lead`).
             let mut racing = false;
@@ -551,7 +575,9 @@ impl<B: Backend> Core<B> {
                             racing = false;
                             if !handed && i.others_compete() {
                                 // Not a hand-off: staggered like every other client's waiters
-                                // (unless none listen).
+                                // (unless none listen). This client's holder may not have
+                                // reached the first node's key yet: its own release is heard
+                                // before any node's message.
                                 self.await_first_node(i, &resources[0], deadline).await;
                                 stagger(round_trip, i.lead(), deadline).await;
                                 racing = true;
@@ -577,6 +603,24 @@ impl<B: Backend> Core<B> {
                     Some(t) => t.clone(),
                     None => Token::random().map_err(Error::Entropy)?,
                 };
+                // A racing attempt asks the first node alone first. It must not reach it ahead of
+                // the cleanup of an earlier attempt's late grant there (the grant arrived after
+                // that attempt failed): the node would refuse it with this client's own key,
+                // and nobody publishes that key's cleanup. Waited for at most a node timeout.
+                unanswered.retain(engine::Unanswered::any);
+                if racing
+                    && self.config.race_via_first_node
+                    && !unanswered.is_empty()
+                    && let Some(node) = self.first_node_index(&resources[0])
+                {
+                    let mut until = Instant::now() + self.config.node_timeout;
+                    if let Some(deadline) = deadline {
+                        until = until.min(deadline);
+                    }
+                    for earlier in &unanswered {
+                        earlier.answered(node, until).await;
+                    }
+                }
                 // Listen before trying, so a release between the attempt and the wait counts.
                 let notified = interest.as_ref().map(|i| Arc::clone(&i.notify));
                 let mut notified = notified.as_ref().map(|n| Box::pin(n.notified()));
@@ -584,9 +628,28 @@ impl<B: Backend> Core<B> {
                     n.as_mut().enable();
                 }
                 let handoffs = interest.as_ref().map(Interest::handoffs);
+                // A racing attempt made, without the wait, before the first node's message of
+                // the release heard arrived (see the refusal below).
+                let ahead_of_first = std::mem::take(&mut first_skipped)
+                    && racing
+                    && self.config.race_via_first_node
+                    && interest.as_ref().is_some_and(|i| {
+                        self.first_node_index(&resources[0])
+                            .is_some_and(|node| !i.node_published(node))
+                    });
                 let attempt_started = Instant::now();
                 let result = self
-                    .attempt(&resources, &keys, token, fixed, terms, racing)
+                    .attempt(
+                        &resources,
+                        &keys,
+                        Try {
+                            token,
+                            rearm: fixed,
+                            racing,
+                        },
+                        terms,
+                        &mut unanswered,
+                    )
                     .await;
                 let round_trip = attempt_started.elapsed();
                 if std::mem::take(&mut racing)
@@ -644,7 +707,37 @@ impl<B: Backend> Core<B> {
                         // Subscribe and retry at once: the holder may have left meanwhile.
                         interest = Some(waiters.interest(&channel).await);
                     }
-                    (_, _, Some(_)) if notified.is_some() => {
+                    (_, _, Some(i)) if notified.is_some() => {
+                        // The first node refused a racing attempt made without the wait for its
+                        // message of the release heard (the node was not known to hold the lock,
+                        // see below), before that message arrived: the attempt may have reached
+                        // the node ahead of the release's delete, and the release wakes nobody
+                        // again. It is retried through the node — a quick retry, at most three
+                        // per release heard — once the node's message arrived (at once if it
+                        // did during the attempt), or after the split-vote backoff when the node
+                        // is not subscribed. A node that does not publish within a node timeout
+                        // is slow to: the refusal then waits for a release like any other.
+                        if ahead_of_first
+                            && quick_retries > 0
+                            && self.first_node_refused(&err, &resources[0])
+                        {
+                            let retry = match self.await_first_node(i, &resources[0], deadline).await
+                            {
+                                NodeWait::Published | NodeWait::Arrived => true,
+                                NodeWait::Unheard => {
+                                    let unit: f64 = crate::det::unit();
+                                    crate::timer::sleep((round_trip * 4).mul_f64(unit).min(pause))
+                                        .await;
+                                    true
+                                }
+                                NodeWait::TimedOut => false,
+                            };
+                            if retry {
+                                quick_retries -= 1;
+                                racing = true;
+                                continue;
+                            }
+                        }
                         // After a release, the woken contenders may split the nodes' votes so
                         // that nobody reaches the quorum (this attempt won some nodes, but not
                         // enough). Every contender then cleans up its grants, and cleanups wake
@@ -693,8 +786,17 @@ impl<B: Backend> Core<B> {
                             // stagger lets the first one win cleanly. (A release of this client's
                             // that no other client listened to has no other waiters to race.)
                             let lead = interest.as_ref().map_or(0.0, Interest::lead);
+                            // Only a first node that refused the attempt is known to have held
+                            // the lock's key, and to publish its release; one that granted it
+                            // (it missed the holder's key) or did not answer in time may never
+                            // publish. Without the wait, an attempt that reaches it ahead of
+                            // the release's delete is retried on its message (above).
                             if let Some(i) = interest.as_ref() {
-                                self.await_first_node(i, &resources[0], deadline).await;
+                                if self.first_node_refused(&err, &resources[0]) {
+                                    self.await_first_node(i, &resources[0], deadline).await;
+                                } else {
+                                    first_skipped = true;
+                                }
                             }
                             stagger(round_trip, lead, deadline).await;
                             racing = true;
@@ -722,17 +824,29 @@ impl<B: Backend> Core<B> {
         interest: &Interest,
         resource: &str,
         deadline: Option<Instant>,
-    ) {
+    ) -> NodeWait {
         if !self.config.race_via_first_node {
-            return;
+            return NodeWait::Published;
         }
-        if let Some(node) = self.first_node_index(resource) {
-            let mut limit = self.config.node_timeout;
-            if let Some(deadline) = deadline {
-                limit = limit.min(deadline.saturating_duration_since(Instant::now()));
-            }
-            interest.wait_for_node(node, limit).await;
+        let Some(node) = self.first_node_index(resource) else {
+            return NodeWait::Published;
+        };
+        let mut limit = self.config.node_timeout;
+        if let Some(deadline) = deadline {
+            limit = limit.min(deadline.saturating_duration_since(Instant::now()));
         }
+        interest.wait_for_node(node, limit).await
+    }
+
+    /// Whether `resource`'s first node refused the attempt that failed with `err`.
+    fn first_node_refused(&self, err: &Error, resource: &str) -> bool {
+        let nodes = match err {
+            Error::Busy { nodes, .. } | Error::QuorumUnreachable { nodes, .. } => nodes,
+            _ => return false,
+        };
+        self.first_node_index(resource)
+            .and_then(|i| nodes.get(i))
+            .is_some_and(|r| r.outcome == NodeOutcome::Refused)
     }
 
     /// The last attempt's round trip, the scale of a stagger.

@@ -18,6 +18,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
+use tokio::sync::Notify;
 use tokio::task::coop::Unconstrained;
 use tokio::time::{Instant, Sleep};
 
@@ -277,6 +278,9 @@ struct State {
     /// The decision, from the moment it is reached until the caller takes it.
     decision: Option<Decision>,
     abandoned: bool,
+    /// Notified after each node's outcome is recorded (and its cleanup handed over), once
+    /// somebody waits for one (see [`Unanswered`]).
+    recorded: Option<Arc<Notify>>,
 }
 
 impl State {
@@ -297,6 +301,7 @@ impl State {
             decided: false,
             decision: None,
             abandoned: false,
+            recorded: None,
         }
     }
 
@@ -337,6 +342,13 @@ impl State {
             positive: self.positive,
             needed: self.needed,
         }
+    }
+
+    /// Whether node `i`'s answer is still out.
+    fn unanswered(&self, i: usize) -> bool {
+        self.slots
+            .get(i)
+            .is_some_and(|s| matches!(s.outcome, NodeOutcome::Pending))
     }
 
     fn take_cleanup(&mut self, i: usize) -> bool {
@@ -498,6 +510,13 @@ impl<B: Backend> Phase<B> {
     /// Gives up the attempt now (consumes the phase; same as dropping it).
     pub(crate) fn abandon(self) {}
 
+    /// The nodes whose answer is still out, to be watched after the phase is given up on
+    /// (`None` when every node answered or timed out).
+    pub(crate) fn unanswered(&self) -> Option<Unanswered> {
+        let unanswered = Unanswered(Arc::clone(&self.state));
+        unanswered.any().then_some(unanswered)
+    }
+
     /// Replaces the cleanup request of a phase that has one, for an abandonment from here on
     /// (the driver has sent none yet: it cleans up only once the phase is dropped).
     pub(crate) fn set_cleanup(&mut self, op: Arc<Op>) {
@@ -536,6 +555,44 @@ impl<B: Backend> Drop for Phase<B> {
                 ),
             }
         }
+    }
+}
+
+/// The requests of an attempt given up on whose answers were still out. A grant among them is
+/// cleaned up once it arrives; until then it refuses the next attempt of the same lock at that
+/// node, as if somebody else held it.
+pub(crate) struct Unanswered(Arc<Mutex<State>>);
+
+impl Unanswered {
+    /// Whether some node's answer is still out.
+    pub(crate) fn any(&self) -> bool {
+        let st = lock(&self.0);
+        (0..st.slots.len()).any(|i| st.unanswered(i))
+    }
+
+    /// Waits — at most until `until` — until `node` answered (or timed out) and, if it granted,
+    /// its cleanup was handed over: a request sent to the node afterwards reaches it behind the
+    /// cleanup.
+    pub(crate) async fn answered(&self, node: usize, until: Instant) {
+        let recorded = {
+            let mut st = lock(&self.0);
+            if !st.unanswered(node) {
+                return;
+            }
+            Arc::clone(st.recorded.get_or_insert_with(Default::default))
+        };
+        let _ = tokio::time::timeout_at(until, async {
+            loop {
+                let next = recorded.notified();
+                let mut next = std::pin::pin!(next);
+                next.as_mut().enable();
+                if !lock(&self.0).unanswered(node) {
+                    return;
+                }
+                next.await;
+            }
+        })
+        .await;
     }
 }
 
@@ -801,9 +858,17 @@ impl<B: Backend> Driver<B> {
     fn record(&mut self, i: usize, outcome: NodeOutcome, extras: Extras) {
         self.calls[i].settled = true;
         telemetry::node_outcome(self.backend.name(i), self.phase, &outcome);
-        let needs_cleanup = lock(&self.state).settle(i, outcome, extras);
+        let (needs_cleanup, recorded) = {
+            let mut st = lock(&self.state);
+            (st.settle(i, outcome, extras), st.recorded.clone())
+        };
         if let (true, Some(op)) = (needs_cleanup, &self.cleanup) {
             send_cleanup(&self.backend, i, Arc::clone(op), self.phase);
+        }
+        // After the cleanup was handed over: a request to the node sent from now on goes
+        // behind it.
+        if let Some(recorded) = recorded {
+            recorded.notify_waiters();
         }
     }
 

@@ -195,6 +195,20 @@ struct NodeTask {
     handle: AbortHandle,
 }
 
+/// How a wait for a node's message of the latest release ended (see
+/// [`Interest::wait_for_node`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NodeWait {
+    /// No wait: no release was heard, or the node's message of it had arrived already.
+    Published,
+    /// No wait: the node is not subscribed, and its message would never come.
+    Unheard,
+    /// The node's message arrived during the wait.
+    Arrived,
+    /// The limit ran out first.
+    TimedOut,
+}
+
 /// Where a client stands on a lock's channel before its first attempt (see
 /// [`Waiters::standing`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -370,10 +384,14 @@ impl Interest {
     /// key deleted there. A waiter acts on the first node's message; the release may still be
     /// on its way to the others (the releasing client opening its connection to them, say), and
     /// an attempt refused by a node the release had not reached yet then slept out its retry
-    /// delay, since the other nodes' messages of that release wake nobody. Returns at once when
-    /// the node is not subscribed (its message would never come) or no release was heard.
-    pub(crate) async fn wait_for_node(&self, node: usize, limit: Duration) {
+    /// delay, since the other nodes' messages of that release wake nobody.
+    ///
+    /// Returns at once when no release was heard or the node published it
+    /// ([`NodeWait::Published`]), or when the node is not subscribed: its message would never
+    /// come ([`NodeWait::Unheard`]).
+    pub(crate) async fn wait_for_node(&self, node: usize, limit: Duration) -> NodeWait {
         let deadline = crate::lock::far_after(tokio::time::Instant::now(), limit);
+        let mut waited = false;
         loop {
             let heard = self.heard.notified();
             let mut heard = std::pin::pin!(heard);
@@ -384,20 +402,32 @@ impl Interest {
                     .nodes
                     .get(node)
                     .is_some_and(|n| n.subscribed.contains(&self.channel));
-                let published = state
-                    .channels
-                    .get(&self.channel)
-                    .and_then(|c| c.recent.back())
-                    .is_none_or(|(_, nodes)| nodes & node_bit(node) != 0);
-                if !subscribed || published {
-                    return;
+                match (self.published(&state, node), waited, subscribed) {
+                    (true, false, _) => return NodeWait::Published,
+                    (true, true, _) => return NodeWait::Arrived,
+                    (false, _, false) => return NodeWait::Unheard,
+                    (false, _, true) => {}
                 }
             }
             crate::det::select! {
-                () = heard => {}
-                () = tokio::time::sleep_until(deadline) => return,
+                () = heard => waited = true,
+                () = tokio::time::sleep_until(deadline) => return NodeWait::TimedOut,
             }
         }
+    }
+
+    /// Whether no release was heard on the channel yet, or node `node`'s message of the latest
+    /// one arrived.
+    pub(crate) fn node_published(&self, node: usize) -> bool {
+        self.published(&lock(&self.waiters.shared.state), node)
+    }
+
+    fn published(&self, state: &State, node: usize) -> bool {
+        state
+            .channels
+            .get(&self.channel)
+            .and_then(|c| c.recent.back())
+            .is_none_or(|(_, nodes)| nodes & node_bit(node) != 0)
     }
 
     /// Whether an acquire made now would reach the nodes ahead of other clients' waiters: the

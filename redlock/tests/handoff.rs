@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{eventually, get};
 use redlock::{Redlock, RetryPolicy};
-use redlock_testkit::{Cluster, DataOnRestart};
+use redlock_testkit::{Cluster, DataOnRestart, FaultProxy};
 
 /// Long enough that a subscription which waits out the hung node is unmistakable.
 const NODE_TIMEOUT: Duration = Duration::from_millis(200);
@@ -21,15 +21,32 @@ const RETRY_DELAY: Duration = Duration::from_secs(2);
 const HOLD: Duration = Duration::from_millis(50);
 
 fn client(cluster: &Cluster) -> Redlock {
+    client_of(cluster.urls(), NODE_TIMEOUT)
+}
+
+/// A client of `urls` with this file's retry policy.
+fn client_of(urls: Vec<String>, node_timeout: Duration) -> Redlock {
     Redlock::builder()
-        .nodes(cluster.urls())
+        .nodes(urls)
         .ttl(Duration::from_secs(10))
-        .node_timeout(NODE_TIMEOUT)
+        .node_timeout(node_timeout)
         .retry(
             RetryPolicy::deadline(Duration::from_secs(20)).with_delay(RETRY_DELAY, Duration::ZERO),
         )
         .build()
         .expect("valid config")
+}
+
+/// Three nodes, each behind a fault proxy ([`Cluster::urls`]), and their direct URLs.
+async fn proxied_cluster() -> (Cluster, Vec<String>) {
+    let cluster = Cluster::builder()
+        .nodes(3)
+        .proxied(true)
+        .start()
+        .await
+        .unwrap();
+    let direct = cluster.nodes().iter().map(|n| n.url()).collect();
+    (cluster, direct)
 }
 
 /// One hand-off of `key` from `holder` to `waiter`: the holder takes the lock, the waiter starts
@@ -183,6 +200,15 @@ async fn handoff_is_notified_again_after_every_node_restarted() {
     assert_fast("after the restart", &after);
 }
 
+/// Subscription connections open on the three nodes together.
+async fn all_pubsub_clients(cluster: &Cluster) -> usize {
+    let mut open = 0;
+    for i in 0..3 {
+        open += pubsub_clients(cluster, i).await;
+    }
+    open
+}
+
 /// Subscription connections (`CLIENT LIST TYPE pubsub`) open on node `i`.
 async fn pubsub_clients(cluster: &Cluster, i: usize) -> usize {
     let mut c = cluster
@@ -210,22 +236,14 @@ async fn dropped_clients_close_their_subscription_connections() {
     // Both clients waited once, so both subscribe on every node (the last ones perhaps in the
     // background).
     let opened = eventually(Duration::from_secs(5), || async {
-        let mut open = 0;
-        for i in 0..3 {
-            open += pubsub_clients(&cluster, i).await;
-        }
-        open == 6
+        all_pubsub_clients(&cluster).await == 6
     })
     .await;
     assert!(opened, "the clients did not subscribe on every node");
     drop(a);
     drop(b);
     let closed = eventually(Duration::from_secs(5), || async {
-        let mut open = 0;
-        for i in 0..3 {
-            open += pubsub_clients(&cluster, i).await;
-        }
-        open == 0
+        all_pubsub_clients(&cluster).await == 0
     })
     .await;
     assert!(closed, "subscription connections outlived their clients");
@@ -422,6 +440,198 @@ async fn an_attempt_after_a_release_still_starts_by_the_retry_deadline() {
             "round {round}: an attempt started after the {DEADLINE:?} deadline: the call took \
              {took:?} ({} attempts) with a node timeout of {TIMEOUT:?}",
             retries.attempts
+        );
+    }
+}
+
+/// Node `i`'s fault proxy (the cluster is built proxied).
+fn proxy(cluster: &Cluster, i: usize) -> &redlock_testkit::FaultProxy {
+    cluster.node(i).proxy().expect("a proxied cluster")
+}
+
+/// A waiter's attempt whose request to the first node is still on its way when the holder
+/// releases is granted there late, after the attempt failed; the grant is cleaned up once its
+/// answer arrives. A racing attempt made on the release's message must not reach the first
+/// node ahead of that cleanup: the node would refuse it with the waiter's own stale grant, and
+/// the waiter (nobody publishes a cleanup) slept out its retry delay.
+///
+/// The waiter's connections to one node are slowed (well within the node timeout and the
+/// first node's patience); the holder releases as soon as the waiter's second attempt was
+/// sent, so that the slowed requests arrive after the release. Whichever node is the
+/// resource's first node for this client, one of the three rounds slows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_grant_of_the_waiters_own_attempt_does_not_refuse_its_next() {
+    const TIMEOUT: Duration = Duration::from_millis(400);
+    const SLOW: Duration = Duration::from_millis(25);
+    let (cluster, direct) = proxied_cluster().await;
+    let holder = client_of(direct, TIMEOUT);
+    for slow in 0..3 {
+        let key = format!("late-grant-{slow}");
+        let fast = (slow + 1) % 3;
+        let waiter = client_of(cluster.urls(), TIMEOUT);
+        waiter.connect().await;
+        let lock = holder.acquire(&key).await.expect("holder acquires");
+        proxy(&cluster, slow).set_delay(SLOW, Duration::ZERO);
+        let before = script_calls(&cluster, fast).await;
+        let w = waiter.clone();
+        let k = key.clone();
+        let task = tokio::spawn(async move {
+            let lock = w.acquire(&k).await.expect("waiter acquires");
+            (Instant::now(), lock)
+        });
+        // The waiter's first attempt, then (once it subscribed) its second.
+        let second = eventually(Duration::from_secs(5), || async {
+            script_calls(&cluster, fast).await >= before + 2
+        })
+        .await;
+        assert!(
+            second,
+            "round {slow}: the waiter never made its second attempt"
+        );
+        let released = Instant::now();
+        holder.release(lock).await.expect("holder releases");
+        let (acquired, lock) = task.await.unwrap();
+        let handoff = acquired.saturating_duration_since(released);
+        proxy(&cluster, slow).heal();
+        waiter.release(lock).await.expect("waiter releases");
+        println!("node {slow} slowed: hand-off {handoff:?}");
+        assert!(
+            handoff < RETRY_DELAY / 2,
+            "node {slow} slowed: the hand-off took {handoff:?}, the waiter's retry delay: its \
+             own late grant refused its next attempt"
+        );
+    }
+}
+
+/// Script calls (`EVALSHA` and `EVAL`) node `i` ran so far.
+async fn script_calls(cluster: &Cluster, i: usize) -> u64 {
+    let node = cluster.node(i);
+    node.command_calls("evalsha").await + node.command_calls("eval").await
+}
+
+/// A holder's lock need not be on every node: it took a quorum while one node was cut off
+/// from it. Its release then publishes nowhere on that node, and a waiter woken by another
+/// node's message must not wait for that node's (the CI failure of
+/// `dropped_clients_close_their_subscription_connections`: a fresh waiter's first attempt was
+/// granted on the first node ahead of the holder's late request, and its hand-off took the
+/// node timeout). Whichever node is the resource's first node for the waiter, one of the three
+/// rounds cuts it off from the holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_node_without_the_holders_key_is_not_waited_for() {
+    let (cluster, direct) = proxied_cluster().await;
+    // The holder goes through the proxies, the waiter straight to the nodes.
+    let holder = client(&cluster);
+    let waiter = client_of(direct, NODE_TIMEOUT);
+    holder.connect().await;
+    waiter.connect().await;
+    for cut in 0..3 {
+        let key = format!("partial-{cut}");
+        proxy(&cluster, cut).partition();
+        let lock = holder
+            .acquire(&key)
+            .await
+            .expect("holder acquires on two nodes");
+        proxy(&cluster, cut).heal();
+        let w = waiter.clone();
+        let k = key.clone();
+        let task = tokio::spawn(async move {
+            let lock = w.acquire(&k).await.expect("waiter acquires");
+            (Instant::now(), lock)
+        });
+        tokio::time::sleep(HOLD).await;
+        let released = Instant::now();
+        holder.release(lock).await.expect("holder releases");
+        let (acquired, lock) = task.await.unwrap();
+        let handoff = acquired.saturating_duration_since(released);
+        waiter.release(lock).await.expect("waiter releases");
+        println!("node {cut} without the holder's key: hand-off {handoff:?}");
+        assert!(
+            handoff < NODE_TIMEOUT / 2,
+            "node {cut} without the holder's key: the hand-off took {handoff:?}, the waiter \
+             waited for a message the node never sends (node timeout {NODE_TIMEOUT:?})"
+        );
+    }
+}
+
+/// A waiter that skipped the wait for the first node's message (its last attempt had no answer
+/// from that node yet, so the node was not known to hold the lock) may reach the node ahead of
+/// the release's delete there, and be refused. The release wakes nobody again, so the waiter
+/// slept out its retry delay; it must retry once the node's message arrives.
+///
+/// The holder's link to one node is 80 ms slower each way (its release reaches that node late),
+/// the waiter's 20 ms (its attempts have no answer from the node when decided, and a racing
+/// attempt's refusal there comes back within the node's patience). Whichever node is the
+/// resource's first node for the waiter, one of the three rounds slows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_ahead_of_the_release_is_retried_on_the_first_nodes_message() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let mut holder_links = Vec::new();
+    let mut waiter_links = Vec::new();
+    for node in cluster.nodes() {
+        holder_links.push(FaultProxy::start(node.addr()).await.unwrap());
+        waiter_links.push(FaultProxy::start(node.addr()).await.unwrap());
+    }
+    let holder = client_of(
+        holder_links.iter().map(FaultProxy::url).collect(),
+        NODE_TIMEOUT,
+    );
+    for slow in 0..3 {
+        let key = format!("late-release-{slow}");
+        let waiter = client_of(
+            waiter_links.iter().map(FaultProxy::url).collect(),
+            NODE_TIMEOUT,
+        );
+        waiter.connect().await;
+        holder_links[slow].set_delay(Duration::from_millis(80), Duration::ZERO);
+        waiter_links[slow].set_delay(Duration::from_millis(20), Duration::ZERO);
+        let lock = holder.acquire(&key).await.expect("holder acquires");
+        // The holder's grant on the slow node arrives after the acquire returned.
+        let full_key = format!("{}lock:{key}", redlock::DEFAULT_KEY_PREFIX);
+        let everywhere = eventually(Duration::from_secs(5), || async {
+            get(&cluster, slow, &full_key).await.is_some()
+        })
+        .await;
+        assert!(
+            everywhere,
+            "round {slow}: the holder's key never reached the slow node"
+        );
+        let w = waiter.clone();
+        let k = key.clone();
+        let task = tokio::spawn(async move {
+            let lock = w.acquire(&k).await.expect("waiter acquires");
+            (Instant::now(), lock)
+        });
+        let subscribed = eventually(Duration::from_secs(5), || async {
+            all_pubsub_clients(&cluster).await == 3
+        })
+        .await;
+        assert!(
+            subscribed,
+            "round {slow}: the waiter did not subscribe on every node"
+        );
+        // Its attempt after subscribing has been refused by now.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let released = Instant::now();
+        holder.release(lock).await.expect("holder releases");
+        let (acquired, lock) = task.await.unwrap();
+        let handoff = acquired.saturating_duration_since(released);
+        holder_links[slow].heal();
+        waiter_links[slow].heal();
+        waiter.release(lock).await.expect("waiter releases");
+        println!("node {slow} slow: hand-off {handoff:?}");
+        assert!(
+            handoff < RETRY_DELAY / 2,
+            "node {slow} slow: the hand-off took {handoff:?}, the waiter's retry delay: refused \
+             ahead of the release, it was not retried on the node's message"
+        );
+        drop(waiter);
+        let closed = eventually(Duration::from_secs(5), || async {
+            all_pubsub_clients(&cluster).await == 0
+        })
+        .await;
+        assert!(
+            closed,
+            "round {slow}: the waiter's subscriptions outlived it"
         );
     }
 }

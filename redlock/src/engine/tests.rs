@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::*;
 use crate::backend::{Backend, Op, Reply};
 use crate::config::{Config, RetryPolicy};
-use crate::core::{Core, PASS_OVER_REFUSED};
+use crate::core::{Core, PASS_OVER_REFUSED, Try};
 use crate::error::{Error, NodeError, NodeErrorKind};
 
 const NODE_TIMEOUT: Duration = Duration::from_millis(50);
@@ -329,9 +329,7 @@ async fn check(
     let fut = async {
         if contended {
             let (resources, keys) = core.keys(vec!["r".into()]).expect("valid resource");
-            let token = crate::token::Token::random().expect("entropy");
-            core.attempt(&resources, &keys, token, false, core.terms(), true)
-                .await
+            attempt(&core, &resources, &keys, true).await
         } else {
             core.acquire(vec!["r".into()], &once, None).await
         }
@@ -451,14 +449,11 @@ async fn matrix_of_node_behaviours_and_cancellation_points_for_a_racing_attempt(
 async fn a_contended_attempt_asks_one_node_first() {
     use Behaviour::*;
     let first = self::first(&FakeBackend::new(&[Grant; 5])).expect("five nodes");
-    let attempt = |behaviour: Vec<Behaviour>| async move {
+    let contend = |behaviour: Vec<Behaviour>| async move {
         let core = core(&behaviour, Duration::from_secs(1));
         let (resources, keys) = core.keys(vec!["r".into()]).expect("valid resource");
-        let token = crate::token::Token::random().expect("entropy");
         let started = Instant::now();
-        let result = core
-            .attempt(&resources, &keys, token, false, core.terms(), true)
-            .await;
+        let result = attempt(&core, &resources, &keys, true).await;
         let elapsed = started.elapsed();
         settle().await;
         let asked: Vec<usize> = (0..5)
@@ -472,7 +467,7 @@ async fn a_contended_attempt_asks_one_node_first() {
         v
     };
 
-    let (result, _, asked) = attempt(with_first(Refuse)).await;
+    let (result, _, asked) = contend(with_first(Refuse)).await;
     assert!(result.unwrap_err().is_busy());
     let mut only_first = vec![0; 5];
     only_first[first] = 1;
@@ -481,13 +476,13 @@ async fn a_contended_attempt_asks_one_node_first() {
         "refused at the first node, no other is asked"
     );
 
-    let (result, elapsed, asked) = attempt(with_first(Grant)).await;
+    let (result, elapsed, asked) = contend(with_first(Grant)).await;
     assert!(result.is_ok());
     assert_eq!(asked, vec![1; 5]);
     // One round trip to the first node, then one to the rest (1 ms each here).
     assert!(elapsed >= Duration::from_millis(2), "{elapsed:?}");
 
-    let (result, elapsed, asked) = attempt(with_first(Hang)).await;
+    let (result, elapsed, asked) = contend(with_first(Hang)).await;
     assert!(result.is_ok(), "the other four grant");
     assert_eq!(asked.iter().sum::<usize>(), 4);
     assert!(elapsed >= NODE_TIMEOUT / 4, "{elapsed:?}");
@@ -497,7 +492,7 @@ async fn a_contended_attempt_asks_one_node_first() {
     );
 
     // The first node fails: the others are asked at once.
-    let (result, elapsed, asked) = attempt(with_first(Fail)).await;
+    let (result, elapsed, asked) = contend(with_first(Fail)).await;
     assert!(result.is_ok(), "the other four grant");
     assert_eq!(asked, vec![1; 5]);
     assert!(elapsed < Duration::from_millis(5), "{elapsed:?}");
@@ -674,10 +669,7 @@ async fn a_first_node_refusing_against_a_quorum_is_passed_over() {
     let (core, _) = refused_by_first_node().await;
     let (resources, keys) = core.keys(vec!["r".into()]).expect("valid resource");
     // A racing attempt now goes through another node.
-    let token = crate::token::Token::random().expect("entropy");
-    let result = core
-        .attempt(&resources, &keys, token, false, core.terms(), true)
-        .await;
+    let result = attempt(&core, &resources, &keys, true).await;
     assert!(
         result.is_ok(),
         "racing through the refusing node: {result:?}"
@@ -714,15 +706,30 @@ async fn a_first_node_refusing_for_a_moment_is_not_passed_over() {
     racer()
         .keys
         .insert(keys[0].clone(), "a racer's token".into());
-    let token = crate::token::Token::random().expect("entropy");
-    let lock = core
-        .attempt(&resources, &keys, token, false, core.terms(), false)
+    let lock = attempt(&core, &resources, &keys, false)
         .await
         .expect("four nodes grant");
     racer().keys.remove(&keys[0]);
     core.release(lock).await.expect("released");
     tokio::time::sleep(NODE_TIMEOUT * 2 + Duration::from_millis(1)).await;
     assert_eq!(core.first_node_index("r"), Some(first), "passed over");
+}
+
+/// One attempt of `core` on `resources` with a fresh token.
+async fn attempt(
+    core: &Core<FakeBackend>,
+    resources: &Arc<[String]>,
+    keys: &Arc<[String]>,
+    racing: bool,
+) -> Result<crate::lock::Lock, Error> {
+    let token = crate::token::Token::random().expect("entropy");
+    let how = Try {
+        token,
+        rearm: false,
+        racing,
+    };
+    core.attempt(resources, keys, how, core.terms(), &mut Vec::new())
+        .await
 }
 
 /// A client of `backend` with a 1 s TTL that makes one attempt per acquire.
@@ -745,9 +752,7 @@ async fn refused_by_first_node() -> (Core<FakeBackend>, usize) {
     backend.behaviour[first] = Refuse;
     let core = one_shot(backend);
     let (resources, keys) = core.keys(vec!["r".into()]).expect("valid resource");
-    let token = crate::token::Token::random().expect("entropy");
-    let lock = core
-        .attempt(&resources, &keys, token, false, core.terms(), false)
+    let lock = attempt(&core, &resources, &keys, false)
         .await
         .expect("four nodes grant");
     core.release(lock).await.expect("released");
@@ -774,9 +779,7 @@ async fn gated_nodes_are_asked_in_the_pass_that_opens_the_gate() {
         Duration::from_secs(1),
     );
     let (resources, keys) = core.keys(vec![resource]).expect("valid resource");
-    let token = crate::token::Token::random().expect("entropy");
-    let lock = core
-        .attempt(&resources, &keys, token, false, core.terms(), true)
+    let lock = attempt(&core, &resources, &keys, true)
         .await
         .expect("acquired");
     let token = lock.token().expose().to_owned();
