@@ -621,6 +621,13 @@ impl<B: Backend> Core<B> {
                         earlier.answered(node, until).await;
                     }
                 }
+                // Whether an earlier attempt's request to the first node was still out: a
+                // refusal there may then be this client's own late grant, not the holder's key.
+                let first_unsettled = self
+                    .first_node_index(&resources[0])
+                    .is_some_and(|node| unanswered.iter().any(|earlier| earlier.at(node)));
+                // Where this attempt's requests still out, if any, will be watched.
+                let this_attempt = unanswered.len();
                 // Listen before trying, so a release between the attempt and the wait counts.
                 let notified = interest.as_ref().map(|i| Arc::clone(&i.notify));
                 let mut notified = notified.as_ref().map(|n| Box::pin(n.notified()));
@@ -719,7 +726,7 @@ impl<B: Backend> Core<B> {
                         // is slow to: the refusal then waits for a release like any other.
                         if ahead_of_first
                             && quick_retries > 0
-                            && self.first_node_refused(&err, &resources[0])
+                            && self.first_node_refused(&err, &resources[0], None)
                         {
                             let retry = match self.await_first_node(i, &resources[0], deadline).await
                             {
@@ -789,10 +796,18 @@ impl<B: Backend> Core<B> {
                             // Only a first node that refused the attempt is known to have held
                             // the lock's key, and to publish its release; one that granted it
                             // (it missed the holder's key) or did not answer in time may never
-                            // publish. Without the wait, an attempt that reaches it ahead of
-                            // the release's delete is retried on its message (above).
+                            // publish, nor one that may have refused with this client's own
+                            // late grant of an earlier attempt. Without the wait, an attempt
+                            // that reaches it ahead of the release's delete is retried on its
+                            // message (above).
                             if let Some(i) = interest.as_ref() {
-                                if self.first_node_refused(&err, &resources[0]) {
+                                if !first_unsettled
+                                    && self.first_node_refused(
+                                        &err,
+                                        &resources[0],
+                                        unanswered.get(this_attempt),
+                                    )
+                                {
                                     self.await_first_node(i, &resources[0], deadline).await;
                                 } else {
                                     first_skipped = true;
@@ -839,14 +854,26 @@ impl<B: Backend> Core<B> {
     }
 
     /// Whether `resource`'s first node refused the attempt that failed with `err`.
-    fn first_node_refused(&self, err: &Error, resource: &str) -> bool {
+    /// With `late`, the attempt's requests still out when it was decided: a refusal that came
+    /// after the decision counts too.
+    fn first_node_refused(
+        &self,
+        err: &Error,
+        resource: &str,
+        late: Option<&engine::Unanswered>,
+    ) -> bool {
         let nodes = match err {
             Error::Busy { nodes, .. } | Error::QuorumUnreachable { nodes, .. } => nodes,
             _ => return false,
         };
-        self.first_node_index(resource)
-            .and_then(|i| nodes.get(i))
-            .is_some_and(|r| r.outcome == NodeOutcome::Refused)
+        let Some(node) = self.first_node_index(resource) else {
+            return false;
+        };
+        match nodes.get(node).map(|r| &r.outcome) {
+            Some(NodeOutcome::Refused) => true,
+            Some(NodeOutcome::Pending) => late.is_some_and(|late| late.refused(node)),
+            _ => false,
+        }
     }
 
     /// The last attempt's round trip, the scale of a stagger.

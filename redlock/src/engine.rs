@@ -564,6 +564,19 @@ impl<B: Backend> Drop for Phase<B> {
 pub(crate) struct Unanswered(Arc<Mutex<State>>);
 
 impl Unanswered {
+    /// Whether `node`'s answer is still out.
+    pub(crate) fn at(&self, node: usize) -> bool {
+        lock(&self.0).unanswered(node)
+    }
+
+    /// Whether `node` refused (its answer came after the attempt was decided).
+    pub(crate) fn refused(&self, node: usize) -> bool {
+        lock(&self.0)
+            .slots
+            .get(node)
+            .is_some_and(|s| matches!(s.outcome, NodeOutcome::Refused))
+    }
+
     /// Whether some node's answer is still out.
     pub(crate) fn any(&self) -> bool {
         let st = lock(&self.0);
