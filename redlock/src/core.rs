@@ -603,29 +603,29 @@ impl<B: Backend> Core<B> {
                     Some(t) => t.clone(),
                     None => Token::random().map_err(Error::Entropy)?,
                 };
-                // A racing attempt asks the first node alone first. It must not reach it ahead of
-                // the cleanup of an earlier attempt's late grant there (the grant arrived after
-                // that attempt failed): the node would refuse it with this client's own key,
-                // and nobody publishes that key's cleanup. Waited for at most a node timeout.
+                // Earlier failed attempts with requests still out (none on the fast path, which
+                // then never ranks the nodes). A racing attempt asks the first node alone first:
+                // it must not reach it ahead of the cleanup of an earlier attempt's late grant
+                // there (the grant arrived after that attempt failed), which would refuse it
+                // with this client's own key, and nobody publishes that key's cleanup. Waited
+                // for at most a node timeout. And a refusal there while an earlier request was
+                // still out may be this client's own late grant, not the holder's key.
                 unanswered.retain(engine::Unanswered::any);
-                if racing
-                    && self.config.race_via_first_node
-                    && !unanswered.is_empty()
+                let mut first_unsettled = false;
+                if !unanswered.is_empty()
                     && let Some(node) = self.first_node_index(&resources[0])
                 {
-                    let mut until = Instant::now() + self.config.node_timeout;
-                    if let Some(deadline) = deadline {
-                        until = until.min(deadline);
+                    if racing && self.config.race_via_first_node {
+                        let mut until = Instant::now() + self.config.node_timeout;
+                        if let Some(deadline) = deadline {
+                            until = until.min(deadline);
+                        }
+                        for earlier in &unanswered {
+                            earlier.answered(node, until).await;
+                        }
                     }
-                    for earlier in &unanswered {
-                        earlier.answered(node, until).await;
-                    }
+                    first_unsettled = unanswered.iter().any(|earlier| earlier.at(node));
                 }
-                // Whether an earlier attempt's request to the first node was still out: a
-                // refusal there may then be this client's own late grant, not the holder's key.
-                let first_unsettled = self
-                    .first_node_index(&resources[0])
-                    .is_some_and(|node| unanswered.iter().any(|earlier| earlier.at(node)));
                 // Where this attempt's requests still out, if any, will be watched.
                 let this_attempt = unanswered.len();
                 // Listen before trying, so a release between the attempt and the wait counts.

@@ -348,7 +348,7 @@ impl State {
     fn unanswered(&self, i: usize) -> bool {
         self.slots
             .get(i)
-            .is_some_and(|s| matches!(s.outcome, NodeOutcome::Pending))
+            .is_some_and(|s| s.outcome == NodeOutcome::Pending)
     }
 
     fn take_cleanup(&mut self, i: usize) -> bool {
@@ -574,7 +574,7 @@ impl Unanswered {
         lock(&self.0)
             .slots
             .get(node)
-            .is_some_and(|s| matches!(s.outcome, NodeOutcome::Refused))
+            .is_some_and(|s| s.outcome == NodeOutcome::Refused)
     }
 
     /// Whether some node's answer is still out.

@@ -473,12 +473,7 @@ async fn a_late_grant_of_the_waiters_own_attempt_does_not_refuse_its_next() {
         let lock = holder.acquire(&key).await.expect("holder acquires");
         proxy(&cluster, slow).set_delay(SLOW, Duration::ZERO);
         let before = script_calls(&cluster, fast).await;
-        let w = waiter.clone();
-        let k = key.clone();
-        let task = tokio::spawn(async move {
-            let lock = w.acquire(&k).await.expect("waiter acquires");
-            (Instant::now(), lock)
-        });
+        let task = acquire_in_background(&waiter, &key);
         // The waiter's first attempt, then (once it subscribed) its second.
         let second = eventually(Duration::from_secs(5), || async {
             script_calls(&cluster, fast).await >= before + 2
@@ -532,12 +527,7 @@ async fn a_first_node_without_the_holders_key_is_not_waited_for() {
             .await
             .expect("holder acquires on two nodes");
         proxy(&cluster, cut).heal();
-        let w = waiter.clone();
-        let k = key.clone();
-        let task = tokio::spawn(async move {
-            let lock = w.acquire(&k).await.expect("waiter acquires");
-            (Instant::now(), lock)
-        });
+        let task = acquire_in_background(&waiter, &key);
         tokio::time::sleep(HOLD).await;
         let released = Instant::now();
         holder.release(lock).await.expect("holder releases");
@@ -595,12 +585,7 @@ async fn a_refusal_ahead_of_the_release_is_retried_on_the_first_nodes_message() 
             everywhere,
             "round {slow}: the holder's key never reached the slow node"
         );
-        let w = waiter.clone();
-        let k = key.clone();
-        let task = tokio::spawn(async move {
-            let lock = w.acquire(&k).await.expect("waiter acquires");
-            (Instant::now(), lock)
-        });
+        let task = acquire_in_background(&waiter, &key);
         let subscribed = eventually(Duration::from_secs(5), || async {
             all_pubsub_clients(&cluster).await == 3
         })
@@ -634,4 +619,16 @@ async fn a_refusal_ahead_of_the_release_is_retried_on_the_first_nodes_message() 
             "round {slow}: the waiter's subscriptions outlived it"
         );
     }
+}
+
+/// `client` acquires `key` in a task of its own; the task returns when it holds the lock.
+fn acquire_in_background(
+    client: &Redlock,
+    key: &str,
+) -> tokio::task::JoinHandle<(Instant, redlock::Lock)> {
+    let (client, key) = (client.clone(), key.to_owned());
+    tokio::spawn(async move {
+        let lock = client.acquire(&key).await.expect("waiter acquires");
+        (Instant::now(), lock)
+    })
 }
