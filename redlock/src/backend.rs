@@ -139,6 +139,12 @@ pub(crate) trait Backend: Send + Sync + 'static {
         i: usize,
         batch: Arc<Batch>,
     ) -> BoxFuture<'static, Result<Vec<Renewed>, NodeError>>;
+    /// How long a renewal call keeps node `i`'s server busy per key renewed, when the backend
+    /// knows; renewal calls are paced by it (see `renewal.rs`). `None`: not paced.
+    fn renewal_cost(&self, i: usize) -> Option<Duration> {
+        let _ = i;
+        None
+    }
     /// How long `key` lives on node `i`: `None` when the node has no such key, `Duration::MAX`
     /// for a key without expiry. A read (`PTTL`): it never creates, changes or deletes a key.
     /// Backends without it answer with an error, which counts as an unknown outcome.

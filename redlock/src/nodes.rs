@@ -82,6 +82,15 @@ impl Backend for Nodes {
     }
 
     #[inline]
+    fn renewal_cost(&self, i: usize) -> Option<Duration> {
+        match self {
+            Self::Redis(b) => b.renewal_cost(i),
+            #[cfg(feature = "simulation")]
+            Self::Sim(b) => b.renewal_cost(i),
+        }
+    }
+
+    #[inline]
     fn expiry(
         &self,
         i: usize,

@@ -166,9 +166,13 @@ return 1
 /// A key holding a value of another type (a hash written over the lock's key) is another
 /// owner's: 0 for that lock alone. An error there used to fail the whole call, and with it the
 /// renewal of every lock in the batch; any other error still does.
+///
+/// After the per-lock answers comes one more entry: how long the call ran on the server, in
+/// µs (`TIME` before and after), which paces the client's next renewal calls.
 pub(crate) static EXTEND_MANY: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         r"
+local t0 = redis.call('TIME')
 local out = {}
 local k = 1
 for i = 1, #ARGV, 3 do
@@ -193,6 +197,8 @@ for i = 1, #ARGV, 3 do
   out[#out + 1] = ok
   k = k + n
 end
+local t1 = redis.call('TIME')
+out[#out + 1] = (tonumber(t1[1]) - tonumber(t0[1])) * 1000000 + tonumber(t1[2]) - tonumber(t0[2])
 return out
 ",
     )

@@ -263,6 +263,7 @@ pub(crate) struct RedisNode {
     reloading: AtomicBool,
     /// The origin of the times kept in [`Heard`].
     born: Instant,
+    renewal_cost: RenewalCost,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -327,6 +328,7 @@ impl RedisNode {
             generation: AtomicU64::new(0),
             reloading: AtomicBool::new(false),
             born: Instant::now(),
+            renewal_cost: RenewalCost::default(),
         })
     }
 
@@ -1043,6 +1045,7 @@ impl RedisNode {
             args.push(count);
             args.push(ttl);
         }
+        let sent = std::time::Instant::now();
         // Tokens of many locks are in flight here; none of them may reach an error message.
         let out: Vec<i64> = self
             .eval(&live, &scripts::EXTEND_MANY, &keys, &args, "")
@@ -1054,6 +1057,18 @@ impl RedisNode {
                 }
                 NodeError::new(e.kind(), msg)
             })?;
+        let mut out = out;
+        if out.len() == batch.locks.len() + 1
+            && let Some(service_us) = out.pop()
+        {
+            let keys = batch
+                .locks
+                .iter()
+                .map(|l| l.keys.len())
+                .sum::<usize>()
+                .max(1);
+            self.renewal_cost.note(sent, service_us, keys);
+        }
         Ok(out
             .into_iter()
             .map(|v| match v {
@@ -1062,6 +1077,61 @@ impl RedisNode {
                 _ => Renewed::Refused,
             })
             .collect())
+    }
+
+    /// What renewing one key costs this node's server, as its last renewal calls measured (or
+    /// a guess before the first one answered).
+    pub(crate) fn renewal_cost(&self) -> Duration {
+        self.renewal_cost.per_key()
+    }
+}
+
+/// How long a renewal call keeps a node's server busy per key: a moving average, in
+/// nanoseconds per key, of what the calls took.
+///
+/// A call took at least what its script ran (it reports that). When it was sent before the
+/// previous call's answer came, it took at most the gap between the two answers: the node
+/// answers a connection's calls in order, so with calls waiting there that gap is what the
+/// later call cost the node — reading its arguments and writing its answer included, which the
+/// script's own time leaves out (about half of a call's latency in the runs of the pacing
+/// test). A call sent on its own only ever raises the estimate to its script's time: its
+/// latency would count the round trip, and over a slow link pace the calls by the link.
+#[derive(Default)]
+struct RenewalCost {
+    per_key_ns: AtomicU64,
+    last_answer: Mutex<Option<std::time::Instant>>,
+}
+
+impl RenewalCost {
+    /// The guess before any call answered: a few times what a quiet server takes (1–3 µs), so
+    /// that the first round of a client holding many locks is not sent all at once either.
+    const GUESS: Duration = Duration::from_micros(10);
+
+    fn note(&self, sent: std::time::Instant, script_us: i64, keys: usize) {
+        let now = std::time::Instant::now();
+        let previous = lock(&self.last_answer).replace(now);
+        let script = Duration::from_micros(u64::try_from(script_us).unwrap_or(0));
+        let per_key = |d: Duration| {
+            u64::try_from(d.as_nanos() / keys.max(1) as u128)
+                .unwrap_or(u64::MAX)
+                .max(1)
+        };
+        let old = u64::try_from(self.per_key().as_nanos()).unwrap_or(u64::MAX);
+        let sample = match previous {
+            Some(previous) if sent < previous => per_key((now - previous).max(script)),
+            _ if per_key(script) > old => per_key(script),
+            _ => return,
+        };
+        // Racing updates may lose one sample; the average needs no more than that.
+        let new = (old.saturating_mul(3).saturating_add(sample) / 4).max(1);
+        self.per_key_ns.store(new, Ordering::Relaxed);
+    }
+
+    fn per_key(&self) -> Duration {
+        match self.per_key_ns.load(Ordering::Relaxed) {
+            0 => Self::GUESS,
+            ns => Duration::from_nanos(ns),
+        }
     }
 }
 
@@ -1183,6 +1253,10 @@ impl Backend for RedisBackend {
         batch: Arc<Batch>,
     ) -> BoxFuture<'static, Result<Vec<Renewed>, NodeError>> {
         self.nodes[i].extend_many(batch)
+    }
+
+    fn renewal_cost(&self, i: usize) -> Option<Duration> {
+        Some(self.nodes[i].renewal_cost())
     }
 
     fn expiry(
