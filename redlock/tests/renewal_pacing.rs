@@ -8,8 +8,8 @@
 //! claim stamp is the server's clock when it was granted, each renewed key's expiry time
 //! (`PEXPIRETIME`) less its TTL the server's clock when it was renewed, and the client and the
 //! server share one clock (loopback), so the keys renewed between an acquire's sending and its
-//! grant are the renewal work it waited behind. Without pacing, 6.9 and 7.8 calls' worth
-//! (of 8 in flight); paced, 1.0 in 3 runs.
+//! grant are the renewal work it waited behind. Without pacing, 6.9–8.0 calls' worth (of 8
+//! in flight) in 6 runs; paced, 1.0–2.0 in 13 runs, up to 4.3 with two busy loops beside it.
 
 mod common;
 
@@ -111,7 +111,7 @@ async fn acquires_do_not_queue_behind_a_round_of_renewals() {
         most as f64 / per_call as f64
     );
     assert!(
-        most <= 3 * per_call,
+        most <= 5 * per_call,
         "{most} keys ({:.1} renewal calls of {CALL} locks) ran between an acquire's sending and its grant",
         most as f64 / per_call as f64
     );

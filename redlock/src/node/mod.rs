@@ -1067,7 +1067,8 @@ impl RedisNode {
                 .map(|l| l.keys.len())
                 .sum::<usize>()
                 .max(1);
-            self.renewal_cost.note(sent, service_us, keys);
+            self.renewal_cost
+                .note(sent, std::time::Instant::now(), service_us, keys);
         }
         Ok(out
             .into_iter()
@@ -1094,8 +1095,10 @@ impl RedisNode {
 /// answers a connection's calls in order, so with calls waiting there that gap is what the
 /// later call cost the node — reading its arguments and writing its answer included, which the
 /// script's own time leaves out (about half of a call's latency in the runs of the pacing
-/// test). A call sent on its own only ever raises the estimate to its script's time: its
-/// latency would count the round trip, and over a slow link pace the calls by the link.
+/// test). A call sent on its own cost at least its script's time and at most its latency,
+/// which counts the round trip too: an estimate outside those bounds moves towards them (down
+/// again after a moment when the node was slow), one inside them stays — over a slow link the
+/// latency says little, and the calls must not be paced by the link.
 #[derive(Default)]
 struct RenewalCost {
     per_key_ns: AtomicU64,
@@ -1107,21 +1110,37 @@ impl RenewalCost {
     /// that the first round of a client holding many locks is not sent all at once either.
     const GUESS: Duration = Duration::from_micros(10);
 
-    fn note(&self, sent: std::time::Instant, script_us: i64, keys: usize) {
-        let now = std::time::Instant::now();
-        let previous = lock(&self.last_answer).replace(now);
+    /// Notes a call of `keys` keys sent at `sent` and answered at `answered`, whose script
+    /// ran `script_us` µs on the server.
+    fn note(
+        &self,
+        sent: std::time::Instant,
+        answered: std::time::Instant,
+        script_us: i64,
+        keys: usize,
+    ) {
+        let previous = lock(&self.last_answer).replace(answered);
         let script = Duration::from_micros(u64::try_from(script_us).unwrap_or(0));
-        let per_key = |d: Duration| {
-            u64::try_from(d.as_nanos() / keys.max(1) as u128)
-                .unwrap_or(u64::MAX)
-                .max(1)
-        };
-        let old = u64::try_from(self.per_key().as_nanos()).unwrap_or(u64::MAX);
+        let old = self.per_key();
+        let per_key = |d: Duration| d / u32::try_from(keys.max(1)).unwrap_or(u32::MAX);
         let sample = match previous {
-            Some(previous) if sent < previous => per_key((now - previous).max(script)),
-            _ if per_key(script) > old => per_key(script),
-            _ => return,
+            // Waiting behind the previous call: the gap between the answers is its cost.
+            Some(previous) if sent < previous => {
+                per_key(answered.saturating_duration_since(previous).max(script))
+            }
+            // On its own: it cost at least its script's time and at most its latency (which
+            // counts the round trip too); an estimate between the two stays.
+            _ => old
+                .min(per_key(answered.saturating_duration_since(sent)))
+                .max(per_key(script)),
         };
+        if sample == old {
+            return;
+        }
+        let (old, sample) = (
+            u64::try_from(old.as_nanos()).unwrap_or(u64::MAX),
+            u64::try_from(sample.as_nanos()).unwrap_or(u64::MAX),
+        );
         // Racing updates may lose one sample; the average needs no more than that.
         let new = (old.saturating_mul(3).saturating_add(sample) / 4).max(1);
         self.per_key_ns.store(new, Ordering::Relaxed);
@@ -1335,5 +1354,60 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    fn us(n: u64) -> Duration {
+        Duration::from_micros(n)
+    }
+
+    /// Calls waiting behind one another: the gap between their answers is what each cost, and
+    /// the estimate follows it; the script's own time is a floor under it.
+    #[test]
+    fn the_renewal_cost_follows_the_gaps_between_waiting_calls() {
+        let cost = RenewalCost::default();
+        assert_eq!(cost.per_key(), RenewalCost::GUESS);
+        let t0 = std::time::Instant::now();
+        // Four calls of 1,000 keys sent together; each ran 2 ms of script and took 4 ms in all.
+        cost.note(t0, t0 + us(4_000), 2_000, 1_000);
+        for k in 2..=40u64 {
+            cost.note(t0, t0 + us(4_000 * k), 2_000, 1_000);
+        }
+        let per_key = cost.per_key();
+        assert!(per_key > us(3) && per_key < us(5), "{per_key:?}");
+        // A gap shorter than the script ran (answers read late, then together): the script's
+        // time counts.
+        let t1 = t0 + us(200_000);
+        for k in 1..=40u64 {
+            cost.note(t0, t1 + us(k), 6_000, 1_000);
+        }
+        let per_key = cost.per_key();
+        assert!(per_key > us(5) && per_key < us(7), "{per_key:?}");
+    }
+
+    /// A call on its own bounds the cost by its script's time and its latency, no more: over a
+    /// slow link its latency is mostly the round trip, and must not pace the calls.
+    #[test]
+    fn a_call_on_its_own_only_moves_the_renewal_cost_into_its_bounds() {
+        let cost = RenewalCost::default();
+        let mut t = std::time::Instant::now();
+        // 400 ms round trip, 1 ms of script for 1,000 keys: the guess (10 µs) is in bounds.
+        for _ in 0..20 {
+            cost.note(t, t + us(401_000), 1_000, 1_000);
+            t += us(1_000_000);
+        }
+        assert_eq!(cost.per_key(), RenewalCost::GUESS);
+        // A slow moment: the script ran 50 ms; the estimate rises towards it.
+        for _ in 0..20 {
+            cost.note(t, t + us(450_000), 50_000, 1_000);
+            t += us(1_000_000);
+        }
+        assert!(cost.per_key() > us(45), "{:?}", cost.per_key());
+        // A fast link again (latency 3 ms for 1,000 keys): the estimate comes down to it.
+        for _ in 0..40 {
+            cost.note(t, t + us(3_000), 1_000, 1_000);
+            t += us(1_000_000);
+        }
+        let per_key = cost.per_key();
+        assert!(per_key >= us(3) && per_key < us(4), "{per_key:?}");
     }
 }
