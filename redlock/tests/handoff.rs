@@ -387,9 +387,10 @@ async fn release_messages_without_an_id_each_wake_a_waiter() {
 /// asserts that the fewest it counted is `expected`. Load only adds attempts: a node that
 /// times out, or a subscription connection re-opened (which wakes every waiter once, as a
 /// release may have gone unheard), sends the waiter into one more. CI saw 5 instead of 4 once
-/// with the other test binaries running beside this one (2026-12-04); 58 runs here, 10 of them
-/// of the whole file beside two busy loops, all counted 4. Fewer attempts than expected (a
-/// wake-up lost) or more in every run (copies acted on) still fail.
+/// with the other test binaries running beside this one (2026-12-04); 101 runs here counted 4
+/// (15 of the test beside three busy loops, 10 of the whole file beside two, 76 with the
+/// publishing shifted around the node timeout). Fewer attempts than expected (a wake-up lost)
+/// or more in every run (copies acted on) still fail.
 async fn fewest_attempts_after(messages: &[&str], expected: f64) {
     let mut counted = Vec::new();
     for _ in 0..3 {
