@@ -60,6 +60,9 @@ pub(crate) struct LatencyRow {
     pub(crate) n: usize,
     pub(crate) implementation: Impl,
     pub(crate) cycle: Latency,
+    /// The p50 of each block of samples, in the order measured (the blocks take turns
+    /// between the implementations).
+    pub(crate) block_p50_us: Vec<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -68,6 +71,9 @@ pub(crate) struct ThroughputRow {
     pub(crate) concurrency: usize,
     pub(crate) implementation: Impl,
     pub(crate) ops_per_sec: f64,
+    /// The rate in each window, in the order measured (the scenario's windows take turns
+    /// between the implementations).
+    pub(crate) window_ops_per_sec: Vec<f64>,
     pub(crate) errors: u64,
     /// Server CPU (every node) per acquire + release.
     pub(crate) server_cpu_us_per_op: f64,
@@ -197,6 +203,36 @@ fn ratio(a: f64, b: f64) -> String {
     }
 }
 
+/// `a[i] / b[i]` for every pair with `b[i] > 0`.
+fn pair_ratios(a: &[f64], b: &[f64]) -> Vec<f64> {
+    a.iter()
+        .zip(b)
+        .filter(|(_, y)| **y > 0.0)
+        .map(|(x, y)| x / y)
+        .collect()
+}
+
+/// "; 6 windows 0.93–1.05×, median 0.99×" (`what` = "windows") for a target line, or
+/// nothing for fewer than two ratios.
+fn spread(mut ratios: Vec<f64>, what: &str) -> String {
+    if ratios.len() < 2 {
+        return String::new();
+    }
+    ratios.sort_by(f64::total_cmp);
+    let mid = ratios.len() / 2;
+    let median = if ratios.len().is_multiple_of(2) {
+        (ratios[mid - 1] + ratios[mid]) / 2.0
+    } else {
+        ratios[mid]
+    };
+    format!(
+        "; {} {what} {:.2}–{:.2}×, median {median:.2}×",
+        ratios.len(),
+        ratios[0],
+        ratios[ratios.len() - 1]
+    )
+}
+
 impl Report {
     fn latency_of(&self, n: usize, which: Impl) -> Option<&Latency> {
         self.latency
@@ -217,6 +253,32 @@ impl Report {
             .iter()
             .find(|r| r.n == n && r.concurrency == c && r.implementation == which)
             .map(|r| r.ops_per_sec)
+    }
+
+    /// Window by window, `a`'s rate over `b`'s (windows of one turn are measured next to
+    /// each other).
+    fn window_ratios(&self, n: usize, c: usize, a: Impl, b: Impl) -> Vec<f64> {
+        let windows = |which: Impl| {
+            self.throughput
+                .iter()
+                .find(|r| r.n == n && r.concurrency == c && r.implementation == which)
+                .map(|r| r.window_ops_per_sec.clone())
+                .unwrap_or_default()
+        };
+        pair_ratios(&windows(a), &windows(b))
+    }
+
+    /// Block by block, `a`'s uncontended p50 over `b`'s (blocks of one turn are measured
+    /// next to each other).
+    fn block_p50_ratios(&self, n: usize, a: Impl, b: Impl) -> Vec<f64> {
+        let blocks = |which: Impl| {
+            self.latency
+                .iter()
+                .find(|r| r.n == n && r.implementation == which)
+                .map(|r| r.block_p50_us.clone())
+                .unwrap_or_default()
+        };
+        pair_ratios(&blocks(a), &blocks(b))
     }
 
     fn hot_of(&self, n: usize, which: Impl, clients: usize) -> Option<&HotKeyResult> {
@@ -555,9 +617,13 @@ impl Report {
                 self.tput_of(n, 64, Impl::Floor),
             ) {
                 let r = a / f;
+                let spread = spread(
+                    self.window_ratios(n, 64, Impl::Redlock, Impl::Floor),
+                    "windows",
+                );
                 let _ = writeln!(
                     md,
-                    "| throughput, 64 tasks, / floor, N = {n} ({a:.0} vs {f:.0} ops/s) | {r:.2}× | ≥ 1.0× | {} |",
+                    "| throughput, 64 tasks, / floor, N = {n} ({a:.0} vs {f:.0} ops/s{spread}) | {r:.2}× | ≥ 1.0× | {} |",
                     verdict(r >= 1.0)
                 );
             }
@@ -566,9 +632,13 @@ impl Report {
                 self.tput_of(n, 64, Impl::Rslock),
             ) {
                 let r = a / b;
+                let spread = spread(
+                    self.window_ratios(n, 64, Impl::Redlock, Impl::Rslock),
+                    "windows",
+                );
                 let _ = writeln!(
                     md,
-                    "| throughput, 64 tasks, / rslock, N = {n} ({a:.0} vs {b:.0} ops/s) | {r:.2}× | ≥ 1.3× | {} |",
+                    "| throughput, 64 tasks, / rslock, N = {n} ({a:.0} vs {b:.0} ops/s{spread}) | {r:.2}× | ≥ 1.3× | {} |",
                     verdict(r >= 1.3)
                 );
             }
@@ -581,9 +651,13 @@ impl Report {
                 let r = a.p50_us / f.p50_us;
                 let _ = writeln!(
                     md,
-                    "| uncontended p50 / floor, N = {n} ({} vs {}) | {r:.2}× | ≤ 1.05× | {} |",
+                    "| uncontended p50 / floor, N = {n} ({} vs {}{}) | {r:.2}× | ≤ 1.05× | {} |",
                     us(a.p50_us),
                     us(f.p50_us),
+                    spread(
+                        self.block_p50_ratios(n, Impl::Redlock, Impl::Floor),
+                        "blocks' p50s"
+                    ),
                     verdict(r <= 1.05)
                 );
                 let r = a.p99_us / f.p99_us;
@@ -737,5 +811,31 @@ impl Report {
             }
         }
         missing
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{pair_ratios, spread};
+
+    #[test]
+    fn ratios_pair_up_in_order_and_skip_a_zero_denominator() {
+        assert_eq!(
+            pair_ratios(&[10.0, 30.0, 5.0], &[20.0, 0.0, 5.0, 7.0]),
+            [0.5, 1.0]
+        );
+    }
+
+    #[test]
+    fn spread_names_the_range_and_the_median() {
+        assert_eq!(
+            spread(vec![1.2, 0.8, 1.0, 0.9], "windows"),
+            "; 4 windows 0.80–1.20×, median 0.95×"
+        );
+        assert_eq!(
+            spread(vec![1.5, 0.5, 1.0], "blocks"),
+            "; 3 blocks 0.50–1.50×, median 1.00×"
+        );
+        assert_eq!(spread(vec![1.0], "windows"), "");
     }
 }

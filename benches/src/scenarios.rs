@@ -38,7 +38,8 @@ pub(crate) const PLAIN: Setup = Setup {
 };
 
 /// Sequential cycles, interleaved in blocks across implementations so drift in machine load
-/// hits all of them alike. `caps[i]` bounds the samples of `clients[i]`.
+/// hits all of them alike. `caps[i]` bounds the samples of `clients[i]`. Each block's p50 is
+/// kept too, to show how far one block's ratio between two implementations moves.
 pub(crate) async fn uncontended(
     n: usize,
     clients: &[Client],
@@ -46,6 +47,7 @@ pub(crate) async fn uncontended(
     block: usize,
 ) -> Vec<LatencyRow> {
     let mut hists: Vec<Histogram<u64>> = clients.iter().map(|_| histogram()).collect();
+    let mut block_p50s: Vec<Vec<f64>> = clients.iter().map(|_| Vec::new()).collect();
     let mut errors = vec![0u64; clients.len()];
     let max = caps.iter().copied().max().unwrap_or(0);
     let mut done = 0;
@@ -55,11 +57,16 @@ pub(crate) async fn uncontended(
             let k = (k + round) % clients.len();
             let client = &clients[k];
             let len = block.min(caps[k].saturating_sub(done));
+            let mut this_block = histogram();
             for i in done..done + len {
                 let resource = format!("bench:{}:lat{n}:{}", client.which().name(), i % 1024);
                 let t = Instant::now();
                 match client.cycle(&resource, TTL).await {
-                    Ok(()) => record(&mut hists[k], t.elapsed()),
+                    Ok(()) => {
+                        let took = t.elapsed();
+                        record(&mut hists[k], took);
+                        record(&mut this_block, took);
+                    }
                     Err(e) => {
                         errors[k] += 1;
                         if errors[k] <= 2 {
@@ -68,29 +75,42 @@ pub(crate) async fn uncontended(
                     }
                 }
             }
+            if !this_block.is_empty() {
+                block_p50s[k].push(this_block.value_at_quantile(0.5) as f64 / 1_000.0);
+            }
         }
         done += block;
         round += 1;
     }
     clients
         .iter()
-        .zip(hists.iter().zip(errors))
-        .map(|(c, (h, e))| LatencyRow {
+        .zip(hists.iter().zip(errors).zip(block_p50s))
+        .map(|(c, ((h, e), block_p50_us))| LatencyRow {
             n,
             implementation: c.which(),
             cycle: Latency::from_hist(h, e, 0),
+            block_p50_us,
         })
         .collect()
 }
 
-/// `concurrency` tasks cycling on distinct keys for `wall`.
-pub(crate) async fn throughput(
+/// What one window of the throughput scenario measured for one implementation.
+struct TputWindow {
+    ops: u64,
+    errors: u64,
+    secs: f64,
+    client_cpu: Duration,
+    servers: ServerWork,
+}
+
+/// `concurrency` tasks of `client` cycling on distinct keys for `wall`.
+async fn throughput_window(
     n: usize,
     client: &Client,
     urls: &[String],
     concurrency: usize,
     wall: Duration,
-) -> ThroughputRow {
+) -> TputWindow {
     let servers_before = server_work(urls).await;
     let cpu_before = cpu_time();
     let stop = Arc::new(AtomicBool::new(false));
@@ -119,20 +139,60 @@ pub(crate) async fn throughput(
     stop.store(true, Ordering::Relaxed);
     join_all(tasks).await;
     // Cycles finishing after the stop flag count, and so does their time.
-    let secs = started.elapsed().as_secs_f64();
-    let client_cpu = cpu_time().saturating_sub(cpu_before);
-    let servers = server_work(urls).await.since(&servers_before);
-    let done = ops.load(Ordering::Relaxed).max(1) as f64;
-    ThroughputRow {
-        n,
-        concurrency,
-        implementation: client.which(),
-        ops_per_sec: ops.load(Ordering::Relaxed) as f64 / secs,
+    TputWindow {
+        ops: ops.load(Ordering::Relaxed),
         errors: errors.load(Ordering::Relaxed),
-        server_cpu_us_per_op: servers.cpu_us / done,
-        client_cpu_us_per_op: client_cpu.as_secs_f64() * 1e6 / done,
-        commands_per_op: servers.commands as f64 / done,
+        secs: started.elapsed().as_secs_f64(),
+        client_cpu: cpu_time().saturating_sub(cpu_before),
+        servers: server_work(urls).await.since(&servers_before),
     }
+}
+
+/// `concurrency` tasks cycling on distinct keys, `wall` per implementation, measured in
+/// `windows` windows that take turns between the implementations (window `w` starts with
+/// `clients[w % len]`): a machine that slows down or speeds up during the scenario then
+/// slows or speeds every implementation alike, and each window's ratio between two
+/// implementations compares them a fraction of a second apart.
+pub(crate) async fn throughput(
+    n: usize,
+    clients: &[&Client],
+    urls: &[String],
+    concurrency: usize,
+    wall: Duration,
+    windows: usize,
+) -> Vec<ThroughputRow> {
+    let windows = windows.max(1);
+    let slice = wall / u32::try_from(windows).unwrap_or(u32::MAX);
+    let mut measured: Vec<Vec<TputWindow>> = clients.iter().map(|_| Vec::new()).collect();
+    for w in 0..windows {
+        for k in 0..clients.len() {
+            let k = (k + w) % clients.len();
+            measured[k].push(throughput_window(n, clients[k], urls, concurrency, slice).await);
+        }
+    }
+    clients
+        .iter()
+        .zip(measured)
+        .map(|(client, windows)| {
+            let ops: u64 = windows.iter().map(|w| w.ops).sum();
+            let secs: f64 = windows.iter().map(|w| w.secs).sum();
+            let client_cpu: Duration = windows.iter().map(|w| w.client_cpu).sum();
+            let server_cpu_us: f64 = windows.iter().map(|w| w.servers.cpu_us).sum();
+            let commands: u64 = windows.iter().map(|w| w.servers.commands).sum();
+            let done = ops.max(1) as f64;
+            ThroughputRow {
+                n,
+                concurrency,
+                implementation: client.which(),
+                ops_per_sec: ops as f64 / secs,
+                window_ops_per_sec: windows.iter().map(|w| w.ops as f64 / w.secs).collect(),
+                errors: windows.iter().map(|w| w.errors).sum(),
+                server_cpu_us_per_op: server_cpu_us / done,
+                client_cpu_us_per_op: client_cpu.as_secs_f64() * 1e6 / done,
+                commands_per_op: commands as f64 / done,
+            }
+        })
+        .collect()
 }
 
 /// What the servers did, every node summed: CPU (`used_cpu_user` + `used_cpu_sys` of
