@@ -136,10 +136,11 @@ const STALE_AFTER: u32 = 2;
 /// Never past `deadline`, the retry policy's (no attempt starts after it): the range follows
 /// the last attempt's round trip, which a node timeout can stretch.
 async fn stagger(round_trip: Duration, lead: f64, deadline: Option<Instant>) {
-    telemetry::stagger();
+    let holdback = LEAD_WEIGHT * lead;
+    telemetry::stagger(holdback);
     let unit: f64 = crate::det::unit();
     let range = (round_trip * 2).max(STAGGER_MIN);
-    let mut pause = range.mul_f64(unit + LEAD_WEIGHT * lead);
+    let mut pause = range.mul_f64(unit + holdback);
     if let Some(deadline) = deadline {
         pause = pause.min(deadline.saturating_duration_since(Instant::now()));
     }

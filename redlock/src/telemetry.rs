@@ -88,9 +88,11 @@ pub(crate) fn split_vote() {
 }
 
 /// An acquire paused before its attempt so that the waiters of several clients do not all reach
-/// the nodes at once after a release.
-pub(crate) fn stagger() {
+/// the nodes at once after a release; `holdback` is how many stagger ranges were added to the
+/// pause because this client won more than its share of the recent races (0 while it does not).
+pub(crate) fn stagger(holdback: f64) {
     metrics::counter!("redlock_staggers_total").increment(1);
+    metrics::histogram!("redlock_stagger_holdback").record(holdback);
 }
 
 pub(crate) fn contention() {

@@ -533,6 +533,73 @@ async fn a_client_alone_on_a_once_contended_lock_does_not_stagger() {
     );
 }
 
+/// Two clients taking turns on a lock, each in a process of its own (here: a thread with its
+/// own runtime): after each release the other client's waiter and the releasing client coming
+/// back for the lock race for it. Both are races of their clients, and each client wins about
+/// half of them; counted only when it won, a client's share looks larger than a fair share of
+/// two, and its staggers are held back by more ranges for it. The pauses added for winning
+/// more than a fair share stay small here.
+#[test]
+fn two_clients_taking_turns_are_not_held_back_for_winning() {
+    const TURNS: usize = 200;
+    let cluster = std::thread::spawn(|| {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let cluster = rt.block_on(Cluster::start(3)).unwrap();
+        (rt, cluster)
+    })
+    .join()
+    .unwrap();
+    let urls = cluster.1.urls();
+    let wins = Arc::new(Mutex::new(Vec::new()));
+    let clients: Vec<_> = (0..2)
+        .map(|c| {
+            let (urls, wins) = (urls.clone(), Arc::clone(&wins));
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(common::metric_during("redlock_stagger_holdback", async {
+                    let rl = redlock::Redlock::builder()
+                        .nodes(urls)
+                        .ttl(Duration::from_secs(10))
+                        .retry(redlock::RetryPolicy::deadline(Duration::from_secs(30)))
+                        .build()
+                        .expect("valid config");
+                    tokio::time::timeout(
+                        Duration::from_secs(60),
+                        take_turns(rl, "pair", c, wins, TURNS),
+                    )
+                    .await
+                    .expect("the turns end");
+                }))
+            })
+        })
+        .collect();
+    let holdbacks: Vec<Vec<f64>> = clients.into_iter().map(|t| t.join().unwrap()).collect();
+    let wins = wins.lock().unwrap().clone();
+    for (c, h) in holdbacks.iter().enumerate() {
+        let mean = h.iter().sum::<f64>() / h.len().max(1) as f64;
+        println!(
+            "client {c}: {} turns, {} staggers, mean hold-back {mean:.2} ranges",
+            wins.iter().filter(|&&w| w == c).count(),
+            h.len()
+        );
+    }
+    let all: Vec<f64> = holdbacks.concat();
+    let mean = all.iter().sum::<f64>() / all.len().max(1) as f64;
+    assert!(
+        all.len() >= TURNS / 2,
+        "the two clients raced for the lock: {} staggers in {} turns",
+        all.len(),
+        wins.len()
+    );
+    assert!(
+        mean <= 0.25,
+        "two clients sharing the lock were held back by {mean:.2} stagger ranges on average"
+    );
+}
+
 /// A client that never waited for a lock does not listen on its channel. When another client's
 /// waiter listens, it hears of the holder's release later than the holder itself, and staggers;
 /// the holder coming back for the lock must stagger too, or it wins the lock back every time.
