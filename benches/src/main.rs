@@ -355,7 +355,7 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
     let steps = plan.nodes.len() * (1 + plan.concurrencies.len() * Impl::ALL.len())
         + plan.hot_nodes.len()
             * (Impl::in_every_scenario().count()
-                + Impl::in_every_scenario().filter(|w| w.waits()).count())
+                + 2 * Impl::in_every_scenario().filter(|w| w.waits()).count())
         + plan.held_sizes.len() * Impl::in_every_scenario().count()
         + plan.fault_nodes.len() * 6;
     let pb = ProgressBar::new(steps as u64);
@@ -458,15 +458,23 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
     if wants("hot") {
         for &n in &plan.hot_nodes {
             // Eight clients, then (for those that can wait) one client shared by the eight
-            // contenders: this crate's waiters take FIFO turns in-process.
-            let variants = Impl::in_every_scenario().map(|w| (w, false)).chain(
-                Impl::in_every_scenario()
-                    .filter(|w| w.waits())
-                    .map(|w| (w, true)),
-            );
-            for (which, shared) in variants {
+            // contenders (this crate's waiters take FIFO turns in-process), then two clients
+            // taking turns.
+            let variants = Impl::in_every_scenario()
+                .map(|w| (w, report::CONTENDERS, false))
+                .chain(
+                    Impl::in_every_scenario()
+                        .filter(|w| w.waits())
+                        .map(|w| (w, report::CONTENDERS, true)),
+                )
+                .chain(
+                    Impl::in_every_scenario()
+                        .filter(|w| w.waits())
+                        .map(|w| (w, report::PAIR, false)),
+                );
+            for (which, contenders, shared) in variants {
                 pb.set_message(format!(
-                    "hot key N={n} {}{}",
+                    "hot key N={n} {} {contenders}{}",
                     which.name(),
                     if shared { " shared" } else { "" }
                 ));
@@ -474,14 +482,18 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
                     continue;
                 }
                 let result = if which.waits() {
-                    Some(scenarios::hot_key(n, which, &urls[..n], plan.hot_wall, shared).await?)
+                    Some(
+                        scenarios::hot_key(n, which, &urls[..n], plan.hot_wall, contenders, shared)
+                            .await?,
+                    )
                 } else {
                     None
                 };
                 report.hot_key.push(HotKeyRow {
                     n,
                     implementation: which,
-                    clients: if shared { 1 } else { report::CONTENDERS },
+                    contenders,
+                    clients: if shared { 1 } else { contenders },
                     result,
                 });
                 pb.inc(1);

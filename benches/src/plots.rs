@@ -269,13 +269,17 @@ pub(crate) fn write_all(report: &Report, dir: &Path) -> Result<Vec<String>, Benc
         files.push(name);
     }
 
-    // Hot key: hand-offs/s per implementation, 8 clients and 1 shared client, per N.
+    // Hot key: hand-offs/s per implementation, 8 clients, 1 shared client and 2 clients, per N.
     let hot_ns: std::collections::BTreeSet<usize> = report.hot_key.iter().map(|r| r.n).collect();
     for n in hot_ns {
-        let groups = vec!["8 clients".to_owned(), "1 shared client".to_owned()];
+        let groups = vec![
+            "8 clients".to_owned(),
+            "1 shared client".to_owned(),
+            "2 clients".to_owned(),
+        ];
         let series: Vec<(Impl, Vec<Bar>)> = Impl::in_every_scenario()
             .map(|w| {
-                let bars = [crate::report::CONTENDERS, 1]
+                let bars = [crate::report::CONTENDERS, 1, crate::report::PAIR]
                     .iter()
                     .map(|clients| {
                         let h = report
@@ -295,7 +299,7 @@ pub(crate) fn write_all(report: &Report, dir: &Path) -> Result<Vec<String>, Benc
         let name = format!("hot_key_n{n}.svg");
         bars(
             &dir.join(&name),
-            &format!("Hot key, 8 contenders, 1 ms hold, N = {n}: hand-offs/s (J = Jain's index)"),
+            &format!("Hot key, 1 ms hold, N = {n}: hand-offs/s (J = Jain's index)"),
             &groups,
             "hand-offs/s",
             false,

@@ -12,6 +12,9 @@ use crate::impls::Impl;
 /// Contenders of the hot-key scenario (separate clients; the shared-client variant runs as
 /// many tasks of one client). The report looks its rows up by this count.
 pub(crate) const CONTENDERS: usize = 8;
+/// Contenders of the hot-key scenario's second variant with a client each: two processes
+/// taking turns on a lock (two replicas of a scheduler, say).
+pub(crate) const PAIR: usize = 2;
 
 /// A latency histogram in nanoseconds, 1 ns .. 120 s, 3 significant digits.
 pub(crate) fn histogram() -> Histogram<u64> {
@@ -112,7 +115,9 @@ pub(crate) struct HotKeyResult {
 pub(crate) struct HotKeyRow {
     pub(crate) n: usize,
     pub(crate) implementation: Impl,
-    /// Clients the 8 contenders used: 8 (one each) or 1 (shared).
+    /// Contenders on the key: [`CONTENDERS`], or [`PAIR`] (two processes taking turns).
+    pub(crate) contenders: usize,
+    /// Clients the contenders used: one each, or 1 (shared).
     pub(crate) clients: usize,
     pub(crate) result: Cell<HotKeyResult>,
 }
@@ -351,6 +356,10 @@ impl Report {
                 Box::new(|w| Some(us(self.hot_of(N, w, CONTENDERS)?.wait.p99_us))),
             ),
             (
+                "hot key, 2 clients: hand-offs/s".to_owned(),
+                Box::new(|w| Some(format!("{:.0}", self.hot_of(N, w, PAIR)?.handoffs_per_sec))),
+            ),
+            (
                 format!(
                     "held locks: client CPU (cores), {} locks",
                     largest.map_or("–".to_owned(), |n| n.to_string())
@@ -481,13 +490,13 @@ impl Report {
 
         let _ = writeln!(
             md,
-            "\n### Hot key: 8 contenders, 1 ms hold\n\n\
+            "\n### Hot key: 8 contenders (a client each, or one shared client), and 2 contenders with a client each; 1 ms hold\n\n\
              Split votes, staggers and attempts: this crate only (`redlock_split_votes_total`, \
              `redlock_staggers_total`, `redlock_acquire_attempts` through the `metrics` facade).\n\n\
              Cut-off waits: still waiting 1 s after the window closed; counted in the wait \
              percentiles at the time waited so far (a lower bound).\n\n\
-             | N | impl | clients | hand-offs/s | wait p50 | wait p99 | wait max | cut-off waits | fewest wins of one contender | Jain | longest streak | split votes | staggers / acquire | attempts / acquire | errors |\n\
-             |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+             | N | impl | contenders | clients | hand-offs/s | wait p50 | wait p99 | wait max | cut-off waits | fewest wins of one contender | Jain | longest streak | split votes | staggers / acquire | attempts / acquire | errors |\n\
+             |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         );
         for r in &self.hot_key {
             match &r.result {
@@ -499,9 +508,10 @@ impl Report {
                     };
                     let _ = writeln!(
                         md,
-                        "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {:.3} | {} | {} | {} | {} | {} |",
+                        "| {} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {:.3} | {} | {} | {} | {} | {} |",
                         r.n,
                         r.implementation.name(),
+                        r.contenders,
                         r.clients,
                         h.handoffs_per_sec,
                         us(h.wait.p50_us),
@@ -520,9 +530,10 @@ impl Report {
                 None => {
                     let _ = writeln!(
                         md,
-                        "| {} | {} | {} | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a |",
+                        "| {} | {} | {} | {} | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a |",
                         r.n,
                         r.implementation.name(),
+                        r.contenders,
                         r.clients
                     );
                 }

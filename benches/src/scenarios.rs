@@ -14,8 +14,7 @@ use tokio::sync::{Semaphore, watch};
 use crate::counters;
 use crate::impls::{Client, Impl, OnWin, Setup};
 use crate::report::{
-    CONTENDERS, FaultRow, HeldResult, HotKeyResult, Latency, LatencyRow, ThroughputRow, histogram,
-    record,
+    FaultRow, HeldResult, HotKeyResult, Latency, LatencyRow, ThroughputRow, histogram, record,
 };
 use crate::{BenchError, Plan};
 
@@ -310,27 +309,28 @@ pub(crate) fn jain(x: &[u64]) -> f64 {
     }
 }
 
-/// Eight contenders on one key for `wall`: each with its own client (as separate processes
-/// would be), or all sharing one client (`shared`).
+/// `contenders` contenders on one key for `wall`: each with its own client (as separate
+/// processes would be), or all sharing one client (`shared`).
 pub(crate) async fn hot_key(
     n: usize,
     which: Impl,
     urls: &[String],
     wall: Duration,
+    contenders: usize,
     shared: bool,
 ) -> Result<HotKeyResult, BenchError> {
     let setup = Setup {
         wait_deadline: Some(Duration::from_secs(30)),
         ..PLAIN
     };
-    let mut clients = Vec::with_capacity(CONTENDERS);
-    for _ in 0..CONTENDERS {
+    let mut clients = Vec::with_capacity(contenders);
+    for _ in 0..contenders {
         match clients.first() {
             Some(c) if shared => clients.push(Client::clone(c)),
             _ => clients.push(Client::connect(which, urls, setup).await?),
         }
     }
-    let resource = format!("bench:{}:hot{n}:{shared}", which.name());
+    let resource = format!("bench:{}:hot{n}:{contenders}:{shared}", which.name());
     // Warm every client's connections before the clock starts.
     for c in &clients {
         c.cycle(&format!("{resource}:warm"), TTL)
@@ -339,7 +339,7 @@ pub(crate) async fn hot_key(
     }
     let stop = Arc::new(AtomicBool::new(false));
     let streak = Arc::new(std::sync::Mutex::new(Streak::default()));
-    let stats: Vec<Arc<std::sync::Mutex<Contender>>> = (0..CONTENDERS)
+    let stats: Vec<Arc<std::sync::Mutex<Contender>>> = (0..contenders)
         .map(|_| Arc::new(std::sync::Mutex::new(Contender::new())))
         .collect();
     let counters0 = counters::Snapshot::now();
@@ -390,7 +390,7 @@ pub(crate) async fn hot_key(
     aborts.iter().for_each(|a| a.abort());
     let mut all = histogram();
     let (mut errors, mut censored) = (0u64, 0u64);
-    let mut per_contender = Vec::with_capacity(CONTENDERS);
+    let mut per_contender = Vec::with_capacity(contenders);
     for st in &stats {
         let st = st.lock().expect("contender lock");
         all.add(&st.hist)?;
