@@ -542,14 +542,9 @@ async fn a_client_alone_on_a_once_contended_lock_does_not_stagger() {
 #[test]
 fn two_clients_taking_turns_are_not_held_back_for_winning() {
     const TURNS: usize = 200;
-    let cluster = std::thread::spawn(|| {
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        let cluster = rt.block_on(Cluster::start(3)).unwrap();
-        (rt, cluster)
-    })
-    .join()
-    .unwrap();
-    let urls = cluster.1.urls();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cluster = rt.block_on(Cluster::start(3)).unwrap();
+    let urls = cluster.urls();
     let wins = Arc::new(Mutex::new(Vec::new()));
     let clients: Vec<_> = (0..2)
         .map(|c| {
