@@ -538,7 +538,9 @@ async fn a_client_alone_on_a_once_contended_lock_does_not_stagger() {
 /// back for the lock race for it. Both are races of their clients, and each client wins about
 /// half of them; counted only when it won, a client's share looks larger than a fair share of
 /// two, and its staggers are held back by more ranges for it. The pauses added for winning
-/// more than a fair share stay small here.
+/// more than a fair share stay small here: a mean of 0.00–0.01 ranges on a quiet machine,
+/// 0.01–0.33 beside four busy loops and 0.41–0.50 once in CI (test binaries side by side);
+/// counting the wins only, 2.45–2.76 and 1.61–2.06 beside four busy loops.
 #[test]
 fn two_clients_taking_turns_are_not_held_back_for_winning() {
     const TURNS: usize = 200;
@@ -590,7 +592,7 @@ fn two_clients_taking_turns_are_not_held_back_for_winning() {
         wins.len()
     );
     assert!(
-        mean <= 0.25,
+        mean <= 1.0,
         "two clients sharing the lock were held back by {mean:.2} stagger ranges on average"
     );
 }
