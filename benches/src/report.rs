@@ -267,10 +267,9 @@ impl Report {
             self.throughput
                 .iter()
                 .find(|r| r.n == n && r.concurrency == c && r.implementation == which)
-                .map(|r| r.window_ops_per_sec.clone())
-                .unwrap_or_default()
+                .map_or(&[][..], |r| &r.window_ops_per_sec)
         };
-        pair_ratios(&windows(a), &windows(b))
+        pair_ratios(windows(a), windows(b))
     }
 
     /// Block by block, `a`'s uncontended p50 over `b`'s (blocks of one turn are measured
@@ -280,10 +279,9 @@ impl Report {
             self.latency
                 .iter()
                 .find(|r| r.n == n && r.implementation == which)
-                .map(|r| r.block_p50_us.clone())
-                .unwrap_or_default()
+                .map_or(&[][..], |r| &r.block_p50_us)
         };
-        pair_ratios(&blocks(a), &blocks(b))
+        pair_ratios(blocks(a), blocks(b))
     }
 
     fn hot_of(&self, n: usize, which: Impl, clients: usize) -> Option<&HotKeyResult> {

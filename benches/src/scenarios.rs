@@ -47,6 +47,7 @@ pub(crate) async fn uncontended(
 ) -> Vec<LatencyRow> {
     let mut hists: Vec<Histogram<u64>> = clients.iter().map(|_| histogram()).collect();
     let mut block_p50s: Vec<Vec<f64>> = clients.iter().map(|_| Vec::new()).collect();
+    let mut this_block = histogram();
     let mut errors = vec![0u64; clients.len()];
     let max = caps.iter().copied().max().unwrap_or(0);
     let mut done = 0;
@@ -56,7 +57,7 @@ pub(crate) async fn uncontended(
             let k = (k + round) % clients.len();
             let client = &clients[k];
             let len = block.min(caps[k].saturating_sub(done));
-            let mut this_block = histogram();
+            this_block.reset();
             for i in done..done + len {
                 let resource = format!("bench:{}:lat{n}:{}", client.which().name(), i % 1024);
                 let t = Instant::now();
@@ -172,20 +173,20 @@ pub(crate) async fn throughput(
     clients
         .iter()
         .zip(measured)
-        .map(|(client, windows)| {
-            let ops: u64 = windows.iter().map(|w| w.ops).sum();
-            let secs: f64 = windows.iter().map(|w| w.secs).sum();
-            let client_cpu: Duration = windows.iter().map(|w| w.client_cpu).sum();
-            let server_cpu_us: f64 = windows.iter().map(|w| w.servers.cpu_us).sum();
-            let commands: u64 = windows.iter().map(|w| w.servers.commands).sum();
+        .map(|(client, its)| {
+            let ops: u64 = its.iter().map(|w| w.ops).sum();
+            let secs: f64 = its.iter().map(|w| w.secs).sum();
+            let client_cpu: Duration = its.iter().map(|w| w.client_cpu).sum();
+            let server_cpu_us: f64 = its.iter().map(|w| w.servers.cpu_us).sum();
+            let commands: u64 = its.iter().map(|w| w.servers.commands).sum();
             let done = ops.max(1) as f64;
             ThroughputRow {
                 n,
                 concurrency,
                 implementation: client.which(),
                 ops_per_sec: ops as f64 / secs,
-                window_ops_per_sec: windows.iter().map(|w| w.ops as f64 / w.secs).collect(),
-                errors: windows.iter().map(|w| w.errors).sum(),
+                window_ops_per_sec: its.iter().map(|w| w.ops as f64 / w.secs).collect(),
+                errors: its.iter().map(|w| w.errors).sum(),
                 server_cpu_us_per_op: server_cpu_us / done,
                 client_cpu_us_per_op: client_cpu.as_secs_f64() * 1e6 / done,
                 commands_per_op: commands as f64 / done,

@@ -455,10 +455,10 @@ impl Interest {
     /// Counted only while another client released the lock within [`CONTENDED_FOR`], and
     /// after this client's own release only when lost: a task of this client coming back for
     /// the lock then may race nobody but idle subscribers, which it cannot tell from waiters,
-    /// but another client took the lock from it when it lost. Counting only the wins there
-    /// made each of two clients taking turns (each the releaser of every other race, and
-    /// losing it) look like the winner of every race, twice a fair share, and held back both
-    /// by 2.5–2.8 stagger ranges on average (test
+    /// but another client took the lock from it when it lost. Leaving out every race after
+    /// its own release made each of two clients taking turns (each the releaser of every
+    /// other race, and losing it) look like the winner of every race it ran, twice a fair
+    /// share, and held back both by 2.5–2.8 stagger ranges on average (test
     /// `local_fifo::two_clients_taking_turns_are_not_held_back_for_winning`).
     pub(crate) fn raced(&self, won: bool) {
         let now = tokio::time::Instant::now();
