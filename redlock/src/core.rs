@@ -159,6 +159,24 @@ const LEAD_WEIGHT: f64 = 8.0;
 /// `clients_that_hear_releases_later_still_get_their_share`).
 const STAGGER_MIN: Duration = Duration::from_millis(1);
 
+/// Whether a failed attempt found the lock held, or raced for, by someone else: busy, or
+/// short of a quorum with some node refusing. A release (or a racer's cleanup) will come
+/// then, and its message is what a waiter waits for. With a node down, a held lock can be
+/// refused by fewer nodes than `Busy` needs — the holder's keys on two nodes of five, two
+/// nodes that lost theirs granting, the fifth not answering — and such an attempt slept out
+/// its retry delay without subscribing; a hot key with one of five nodes down made
+/// contenders wait 0.2–1.5 s that way (test
+/// `waiting::a_waiter_refused_with_a_node_down_is_woken_by_the_release`).
+fn refused_somewhere(err: &Error) -> bool {
+    match err {
+        Error::Busy { .. } => true,
+        Error::QuorumUnreachable { nodes, .. } => nodes
+            .iter()
+            .any(|r| matches!(r.outcome, NodeOutcome::Refused)),
+        _ => false,
+    }
+}
+
 /// The cleanup of an acquire attempt on `keys`: an owner-checked delete that publishes a
 /// wake-up on `channels`, or nothing with `None`.
 fn attempt_cleanup(keys: &Names, token: &Token, channels: Option<Arc<[String]>>) -> Arc<Op> {
@@ -710,7 +728,7 @@ impl<B: Backend> Core<B> {
                     telemetry::acquire_done(&Err(&err), attempts, started.elapsed());
                     return Err(err);
                 };
-                match (&self.waiters, err.is_busy(), &interest) {
+                match (&self.waiters, refused_somewhere(&err), &interest) {
                     (Some(waiters), true, None) => {
                         // Subscribe and retry at once: the holder may have left meanwhile.
                         interest = Some(waiters.interest(&channel).await);

@@ -578,3 +578,63 @@ async fn all_subscribed(cluster: &Cluster, channels: usize) -> Vec<usize> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// With a node down, a waiter's attempt against a held lock can fail without enough refusals
+/// to call the lock busy: the holder's keys on two nodes refuse it, two nodes that lost the
+/// holder's keys grant it, and the dead node answers nothing — `QuorumUnreachable`, not
+/// `Busy`. The waiter must still wait for the holder's release message (the refusals say the
+/// lock is held), not sleep out its retry delay unsubscribed: a hot key with one of five nodes
+/// down made contenders wait 0.2–1.5 s, several retry delays in a row, while the others took
+/// the lock in turns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_refused_with_a_node_down_is_woken_by_the_release() {
+    const RETRY_DELAY: Duration = Duration::from_secs(6);
+    let cluster = Cluster::start(5).await.expect("cluster");
+    let holder = common::client(cluster.urls(), Duration::from_secs(20));
+    let lock = holder.acquire("down").await.expect("holder acquires");
+    let keys = common::lock_keys(&cluster).await;
+    assert_eq!(keys.len(), 5, "the holder's key on every node: {keys:?}");
+    let key = keys[0].1.clone();
+    // Nodes 3 and 4 lose the holder's key (say, restarted empty), and node 2 goes down: two
+    // nodes still refuse a rival, two grant it, one does not answer.
+    common::del(&cluster, 3, &key).await;
+    common::del(&cluster, 4, &key).await;
+    cluster.node(2).kill();
+
+    let w = Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(10))
+        .node_timeout(common::NODE_TIMEOUT)
+        .retry(RetryPolicy::attempts(5).with_delay(RETRY_DELAY, Duration::ZERO))
+        .build()
+        .expect("client W");
+    w.connect().await;
+    let waiter = {
+        let w = w.clone();
+        tokio::spawn(async move {
+            let began = Instant::now();
+            let lock = w.acquire("down").await;
+            (began.elapsed(), lock)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiter.is_finished(),
+        "W took a lock the holder still holds"
+    );
+    // The release deletes the holder's keys on nodes 0 and 1 and publishes there.
+    let _ = holder.release(lock).await;
+    let (waited, lock) = tokio::time::timeout(Duration::from_secs(3), waiter)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "W was still waiting 3 s after the release: refused by two nodes with a third \
+                 down (QuorumUnreachable), it sleeps out its {RETRY_DELAY:?} retry delay \
+                 instead of waiting for the release message"
+            )
+        })
+        .expect("waiter task");
+    let lock = lock.expect("W acquires once the holder released");
+    assert!(waited < RETRY_DELAY / 2, "W waited {waited:?}");
+    w.release(lock).await.expect("W releases");
+}
