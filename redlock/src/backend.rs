@@ -145,6 +145,14 @@ pub(crate) trait Backend: Send + Sync + 'static {
         let _ = i;
         None
     }
+    /// How far node `i` is from this client: about the shortest round trip of its recent
+    /// answers, when the backend measures it. `None`: not known (no answer yet, or not
+    /// measured). Racing attempts do not ask a node much further than a quorum of the others
+    /// first (see `Core::first_node_index`).
+    fn distance(&self, i: usize) -> Option<Duration> {
+        let _ = i;
+        None
+    }
     /// How long `key` lives on node `i`: `None` when the node has no such key, `Duration::MAX`
     /// for a key without expiry. A read (`PTTL`): it never creates, changes or deletes a key.
     /// Backends without it answer with an error, which counts as an unknown outcome.

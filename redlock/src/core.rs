@@ -108,8 +108,8 @@ pub(crate) struct Core<B> {
 /// How long a node that failed a racing attempt, or did not answer it within its budget, is
 /// not used as the first node: the node after it in the ranking is. Long enough that a hung
 /// node costs a hot lock's racers its patience (a quarter of its budget) a few times, not on
-/// every hand-off. A node that is only slow keeps its place, so that clients under load still
-/// agree on the first node.
+/// every hand-off. A node that is only slow keeps its place (unless it is far, see
+/// [`far_nodes`]), so that clients under load still agree on the first node.
 const PASS_OVER: Duration = Duration::from_secs(10);
 
 /// How long a first node that refused a lock a quorum of the other nodes granted is passed
@@ -120,6 +120,55 @@ const PASS_OVER: Duration = Duration::from_secs(10);
 /// (each split's retry could see another). Short, so a lookalike costs little, and a stale
 /// key at most about one retry delay per span.
 pub(crate) const PASS_OVER_REFUSED: Duration = Duration::from_secs(1);
+
+/// How much further than the nodes a quorum needs a node must be, beyond twice their
+/// distance, to be no contended lock's first node (see [`far_nodes`]). Well above what load
+/// adds to a round trip on one network, so that clients there agree on which nodes are far.
+const FAR_MARGIN: Duration = Duration::from_millis(1);
+
+/// The nodes far from this client (a bit per node index; nodes past 64 are never far): those
+/// whose distance (see `Backend::distance`) is more than twice that of the `quorum`-th
+/// nearest node plus [`FAR_MARGIN`]. A quorum of nearer nodes can grant a lock without them,
+/// and a racing attempt through such a node waits for it: for the release to reach it, for
+/// its message back, for a round trip before the other nodes are asked. On 5 nodes with the
+/// first node 2 ms further each way, 4 clients handed a hot key over 139–141 times a second
+/// through it, 370–388 with this rule (test `handoff::a_slow_first_node_is_not_asked_first`).
+///
+/// Clients must agree on the first node (or their racers split votes), and each judges from
+/// its own round trips: a node far from every client (a loaded host, a distant zone) is far
+/// for all of them; nodes spread over zones near some clients and far from others are judged
+/// alike as long as a quorum's distance is itself a zone away, which doubles the threshold.
+/// Nothing is far until a quorum of nodes answered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Far(u64);
+
+impl Far {
+    fn contains(self, i: usize) -> bool {
+        i < 64 && self.0 & (1 << i) != 0
+    }
+}
+
+fn far_nodes(n: usize, quorum: usize, distance: impl Fn(usize) -> Option<Duration>) -> Far {
+    let n = n.min(64);
+    let distance = &distance;
+    // The quorum-th nearest known distance, without allocating: the nearest d with at least
+    // `quorum` known distances at or below it.
+    let reference = (0..n)
+        .filter_map(distance)
+        .filter(|&d| (0..n).filter_map(distance).filter(|&e| e <= d).count() >= quorum)
+        .min();
+    let Some(reference) = reference else {
+        return Far::default();
+    };
+    let limit = reference.saturating_mul(2).saturating_add(FAR_MARGIN);
+    Far((0..n).fold(0, |bits, i| {
+        if distance(i).is_some_and(|d| d > limit) {
+            bits | (1 << i)
+        } else {
+            bits
+        }
+    }))
+}
 
 /// How many node timeouts apart the two reads of a first node's refusing key are (see
 /// `Core::check_first_node`). A racer's key lives for its attempt — at most its first node's
@@ -223,16 +272,19 @@ impl<B: Backend> Core<B> {
     }
 
     /// The node a racing attempt on `resource` asks first (see `engine::first_node`), passing
-    /// over the nodes that failed such an attempt lately, and those whose connection is not
-    /// open (their budget includes opening it): a request to them waits for the connection.
+    /// over the nodes that failed such an attempt lately, those whose connection is not open
+    /// (their budget includes opening it: a request to them waits for the connection), and
+    /// those far from this client (see [`far_nodes`]).
     pub(crate) fn first_node_index(&self, resource: &str) -> Option<usize> {
         let now = micros_since(self.born, Instant::now());
         let n = self.backend.len();
         let open_budget = (0..n).map(|i| self.backend.budget(i)).min()?;
+        let far = far_nodes(n, self.quorum(), |i| self.backend.distance(i));
         let names = self.ranked_as.iter().map(|n| &**n);
         engine::first_node(names, resource, |i| {
             self.passed_over[i].load(std::sync::atomic::Ordering::Relaxed) <= now
                 && self.backend.budget(i) <= open_budget
+                && !far.contains(i)
         })
     }
 
@@ -255,6 +307,9 @@ impl<B: Backend> Core<B> {
             return;
         }
         let refused = granted.refused();
+        if refused.is_empty() {
+            return;
+        }
         let Some(f) = self
             .first_node_index(resource)
             .filter(|f| refused.contains(f))
@@ -1185,5 +1240,72 @@ impl<B: Backend> Releaser for Core<B> {
             self.release_parts(&held.resources, &held.keys, &held.token, held.taker)
                 .await
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{FAR_MARGIN, far_nodes};
+    use std::time::Duration;
+
+    fn far(distances: &[Option<u64>], quorum: usize) -> Vec<usize> {
+        let f = far_nodes(distances.len(), quorum, |i| {
+            distances[i].map(Duration::from_micros)
+        });
+        (0..distances.len()).filter(|&i| f.contains(i)).collect()
+    }
+
+    #[test]
+    fn a_node_much_further_than_a_quorum_is_far() {
+        // One node 4 ms away, the others 0.2 ms: a quorum of 3 never needs it.
+        assert_eq!(
+            far(&[Some(200), Some(4200), Some(210), Some(190), Some(250)], 3),
+            [1]
+        );
+        // Two of five far: still a quorum of near ones.
+        assert_eq!(
+            far(
+                &[Some(4000), Some(200), Some(4100), Some(200), Some(200)],
+                3
+            ),
+            [0, 2]
+        );
+        // One of three far.
+        assert_eq!(far(&[Some(300), Some(300), Some(9000)], 2), [2]);
+    }
+
+    #[test]
+    fn nodes_a_quorum_needs_are_never_far() {
+        // Three of five far: a quorum needs one of them, and the reference is theirs.
+        assert!(
+            far(
+                &[Some(200), Some(4000), Some(4100), Some(200), Some(4200)],
+                3
+            )
+            .is_empty()
+        );
+        // Nodes spread over zones: two near, three a zone away (1.5 ms).
+        assert!(
+            far(
+                &[Some(200), Some(250), Some(1500), Some(1600), Some(1550)],
+                3
+            )
+            .is_empty()
+        );
+        // Within the margin of the reference, and exactly at the limit.
+        let limit = 2 * 200 + u64::try_from(FAR_MARGIN.as_micros()).unwrap();
+        assert!(far(&[Some(200), Some(200), Some(limit)], 2).is_empty());
+        assert_eq!(far(&[Some(200), Some(200), Some(limit + 1)], 2), [2]);
+    }
+
+    #[test]
+    fn nothing_is_far_before_a_quorum_answered() {
+        assert!(far(&[None, Some(200), Some(9000), None, None], 3).is_empty());
+        assert!(far(&[None, None, None], 2).is_empty());
+        // Unknown nodes are never far; a quorum of known ones sets the reference.
+        assert_eq!(
+            far(&[None, Some(200), Some(9000), Some(200), Some(210)], 3),
+            [2]
+        );
     }
 }

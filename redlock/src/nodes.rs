@@ -60,6 +60,15 @@ impl Backend for Nodes {
     }
 
     #[inline]
+    fn distance(&self, i: usize) -> Option<Duration> {
+        match self {
+            Self::Redis(b) => b.distance(i),
+            #[cfg(feature = "simulation")]
+            Self::Sim(b) => b.distance(i),
+        }
+    }
+
+    #[inline]
     fn call(&self, i: usize, op: Arc<Op>) -> BoxFuture<'static, Result<Reply, NodeError>> {
         match self {
             Self::Redis(b) => b.call(i, op),

@@ -264,6 +264,7 @@ pub(crate) struct RedisNode {
     /// The origin of the times kept in [`Heard`].
     born: Instant,
     renewal_cost: RenewalCost,
+    distance: Distance,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -329,6 +330,7 @@ impl RedisNode {
             reloading: AtomicBool::new(false),
             born: Instant::now(),
             renewal_cost: RenewalCost::default(),
+            distance: Distance::default(),
         })
     }
 
@@ -386,12 +388,15 @@ impl RedisNode {
                 return request(live);
             }
             let heard = Arc::clone(&live.heard);
-            heard.sending(node.micros());
+            let sent = node.micros();
+            heard.sending(sent);
             let call = request(live);
+            let node = Arc::clone(&node);
             async move {
                 let answer = call.await;
                 if from_server(&answer) {
                     heard.answered();
+                    node.distance.note(node.micros().saturating_sub(sent));
                 }
                 answer
             }
@@ -1087,6 +1092,39 @@ impl RedisNode {
     }
 }
 
+/// How far the node is from this client: about the shortest round trip of its recent answers,
+/// in µs plus one (0 before the first answer, which sets it). It falls at once to a faster
+/// answer and rises towards a slower one by a sixteenth of the difference but at most an eighth
+/// of itself per answer, so that one slow answer (queueing under load, a late wake-up of this
+/// process, a node pausing for a moment) barely moves it, while a node that stays slower is
+/// followed within a few dozen answers (from 0.2 to 1.4 ms in about 17). A node's round trip
+/// counts the wait in its outbox too, which a node every client's racers ask first has more
+/// of; hence the floor, not an average.
+#[derive(Default)]
+struct Distance(AtomicU64);
+
+impl Distance {
+    fn note(&self, micros: u64) {
+        let sample = micros.saturating_add(1);
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                Some(if old == 0 || sample <= old {
+                    sample
+                } else {
+                    old + ((sample - old) / 16).min(old / 8 + 1)
+                })
+            });
+    }
+
+    fn get(&self) -> Option<Duration> {
+        match self.0.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(Duration::from_micros(n - 1)),
+        }
+    }
+}
+
 /// How long a renewal call keeps a node's server busy per key: a moving average, in
 /// nanoseconds per key, of what the calls took.
 ///
@@ -1278,6 +1316,10 @@ impl Backend for RedisBackend {
         Some(self.nodes[i].renewal_cost())
     }
 
+    fn distance(&self, i: usize) -> Option<Duration> {
+        self.nodes[i].distance.get()
+    }
+
     fn expiry(
         &self,
         i: usize,
@@ -1409,5 +1451,36 @@ mod tests {
         }
         let per_key = cost.per_key();
         assert!(per_key >= us(3) && per_key < us(4), "{per_key:?}");
+    }
+}
+
+#[cfg(test)]
+mod distance_tests {
+    use super::Distance;
+    use std::time::Duration;
+
+    #[test]
+    fn the_distance_follows_the_fast_answers_and_rises_slowly() {
+        let d = Distance::default();
+        assert_eq!(d.get(), None);
+        d.note(200);
+        assert_eq!(d.get(), Some(Duration::from_micros(200)));
+        // One slow answer barely moves it; a faster one brings it down at once.
+        d.note(40_000);
+        let after_one = d.get().unwrap();
+        assert!(after_one <= Duration::from_micros(227), "{after_one:?}");
+        d.note(150);
+        assert_eq!(d.get(), Some(Duration::from_micros(150)));
+        // A node that stays 4 ms away is followed within a few dozen answers.
+        let mut answers = 0;
+        while d.get().unwrap() < Duration::from_micros(1_400) {
+            d.note(4_200);
+            answers += 1;
+            assert!(answers < 40, "still {:?} after {answers} answers", d.get());
+        }
+        assert!(
+            answers > 8,
+            "one burst of {answers} slow answers made the node far"
+        );
     }
 }

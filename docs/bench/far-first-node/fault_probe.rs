@@ -15,9 +15,16 @@ async fn main() {
     let recorder = metrics_util::debugging::DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     recorder.install().expect("recorder");
-    let cluster = Cluster::start(5).await.expect("cluster");
-    let mut clients = Vec::new();
-    for _ in 0..contenders {
+    let proxied = std::env::var_os("PROXIED").is_some();
+    let cluster = Cluster::builder().nodes(5).proxied(proxied).start().await.expect("cluster");
+    let mut clients: Vec<Redlock> = Vec::new();
+    let shared = std::env::var_os("SHARED").is_some();
+    for i in 0..contenders {
+        if shared && i > 0 {
+            let c: Redlock = clients[0].clone();
+            clients.push(c);
+            continue;
+        }
         let rl = Redlock::builder()
             .nodes(cluster.urls())
             .ttl(Duration::from_secs(10))
@@ -34,11 +41,7 @@ async fn main() {
     let worst = Arc::new(AtomicU64::new(0));
     let before: u64 = std::env::var("BEFORE_MS").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
     if before > 0 {
-        if let Some(k) = fault.strip_prefix("hang:") {
-            cluster.node(k.parse().unwrap()).pause();
-        } else if let Some(k) = fault.strip_prefix("kill:") {
-            cluster.node(k.parse().unwrap()).kill();
-        }
+        inject(&cluster, fault).await;
         tokio::time::sleep(Duration::from_millis(before)).await;
     }
     let started = Instant::now();
@@ -67,11 +70,7 @@ async fn main() {
     let before: u64 = std::env::var("BEFORE_MS").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
     if before == 0 { tokio::time::sleep(Duration::from_secs(1)).await; }
     println!("  fault at {:?}", started.elapsed());
-    if before > 0 {} else if let Some(k) = fault.strip_prefix("hang:") {
-        cluster.node(k.parse().unwrap()).pause();
-    } else if let Some(k) = fault.strip_prefix("kill:") {
-        cluster.node(k.parse().unwrap()).kill();
-    }
+    if before == 0 { inject(&cluster, fault).await; }
     tokio::time::sleep(Duration::from_secs(secs)).await;
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
@@ -97,7 +96,44 @@ async fn main() {
             metrics_util::debugging::DebugValue::Gauge(_) => {}
         }
     }
-    if let Some(k) = fault.strip_prefix("hang:") {
-        cluster.node(k.parse().unwrap()).resume();
+    for f in fault.split('+') {
+        if let Some(k) = f.strip_prefix("hang:") {
+            cluster.node(k.parse().unwrap()).resume();
+        }
     }
+}
+
+async fn inject(cluster: &Cluster, fault: &str) {
+    for f in fault.split('+') {
+        if let Some(k) = f.strip_prefix("hang:") {
+            cluster.node(k.parse().unwrap()).pause();
+        } else if let Some(k) = f.strip_prefix("kill:") {
+            cluster.node(k.parse().unwrap()).kill();
+        } else if let Some(ms) = f.strip_prefix("slowfirst:") {
+            let k = first_node(cluster, "probe:hot");
+            println!("  first node of probe:hot: {k}");
+            cluster.node(k).proxy().unwrap().set_delay(Duration::from_millis(ms.parse().unwrap()), Duration::ZERO);
+        } else if let Some(k) = f.strip_prefix("slow:") {
+            let (k, ms) = k.split_once(':').unwrap();
+            cluster.node(k.parse().unwrap()).proxy().unwrap().set_delay(Duration::from_millis(ms.parse().unwrap()), Duration::ZERO);
+        } else if let Some(k) = f.strip_prefix("black:") {
+            cluster.node(k.parse().unwrap()).proxy().unwrap().blackhole();
+        } else if let Some(k) = f.strip_prefix("restart:") {
+            cluster.node(k.parse().unwrap()).restart(redlock_testkit::DataOnRestart::Wipe).await.unwrap();
+        }
+    }
+}
+
+/// The node racing attempts on `resource` ask first: the highest FNV-1a hash of the node's
+/// normalised address and the resource (as `common::racing_first_node` in the tests).
+fn first_node(cluster: &Cluster, resource: &str) -> usize {
+    let fnv = |s: &str| {
+        s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    };
+    let urls = cluster.urls();
+    (0..urls.len())
+        .max_by_key(|&i| fnv(&format!("{}/0\n{resource}", urls[i].trim_start_matches("redis://"))))
+        .unwrap()
 }
