@@ -18,6 +18,7 @@ async fn main() {
     let proxied = std::env::var_os("PROXIED").is_some();
     let cluster = Cluster::builder().nodes(5).proxied(proxied).start().await.expect("cluster");
     let mut clients: Vec<Redlock> = Vec::new();
+    let mut far_proxies = Vec::new();
     let shared = std::env::var_os("SHARED").is_some();
     for i in 0..contenders {
         if shared && i > 0 {
@@ -25,8 +26,21 @@ async fn main() {
             clients.push(c);
             continue;
         }
+        let far_ms: u64 = std::env::var("FAR_CLIENT_MS").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+        let urls = if i == 0 && far_ms > 0 {
+            let mut urls = Vec::new();
+            for node in cluster.nodes() {
+                let p = redlock_testkit::FaultProxy::start(node.addr()).await.unwrap();
+                p.set_delay(Duration::from_millis(far_ms), Duration::ZERO);
+                urls.push(p.url());
+                far_proxies.push(p);
+            }
+            urls
+        } else {
+            cluster.urls()
+        };
         let rl = Redlock::builder()
-            .nodes(cluster.urls())
+            .nodes(urls)
             .ttl(Duration::from_secs(10))
             .retry(RetryPolicy::deadline(Duration::from_secs(30)))
             .build()
@@ -44,11 +58,14 @@ async fn main() {
         inject(&cluster, fault).await;
         tokio::time::sleep(Duration::from_millis(before)).await;
     }
+    let per_client: Vec<Arc<AtomicU64>> = (0..contenders).map(|_| Arc::new(AtomicU64::new(0))).collect();
     let started = Instant::now();
     let tasks: Vec<_> = clients
         .into_iter()
-        .map(|rl| {
+        .enumerate()
+        .map(|(id, rl)| {
             let (stop, wins, worst) = (Arc::clone(&stop), Arc::clone(&wins), Arc::clone(&worst));
+            let mine = Arc::clone(&per_client[id]);
             tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
                     let t = Instant::now();
@@ -59,6 +76,7 @@ async fn main() {
                         println!("  long wait {:?} started at {:?}", w, t.duration_since(started));
                     }
                     wins.fetch_add(1, Ordering::Relaxed);
+                    mine.fetch_add(1, Ordering::Relaxed);
                     tokio::task::spawn_blocking(|| std::thread::sleep(Duration::from_millis(1)))
                         .await
                         .unwrap();
@@ -82,6 +100,7 @@ async fn main() {
         wins.load(Ordering::Relaxed) as f64 / el,
         worst.load(Ordering::Relaxed)
     );
+    println!("  wins per client: {:?}", per_client.iter().map(|w| w.load(Ordering::Relaxed)).collect::<Vec<_>>());
     for (key, _, _, value) in snapshotter.snapshot().into_vec() {
         let name = format!("{} {:?}", key.key().name(), key.key().labels().map(|l| format!("{}={}", l.key(), l.value())).collect::<Vec<_>>());
         match value {
