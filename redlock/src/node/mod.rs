@@ -1112,7 +1112,7 @@ impl Distance {
                 Some(if old == 0 || sample <= old {
                     sample
                 } else {
-                    old + ((sample - old) / 16).min(old / 8 + 1)
+                    old.saturating_add(((sample - old) / 16).min(old / 8 + 1))
                 })
             });
     }
