@@ -16,6 +16,20 @@ fn direct_urls(cluster: &Cluster) -> Vec<String> {
     cluster.nodes().iter().map(|n| n.url()).collect()
 }
 
+/// `client` acquires `resource` in a task of its own, which answers how long that took and
+/// the result.
+fn timed_acquire(
+    client: &Redlock,
+    resource: &'static str,
+) -> tokio::task::JoinHandle<(Duration, Result<redlock::Lock, redlock::Error>)> {
+    let client = client.clone();
+    tokio::spawn(async move {
+        let began = Instant::now();
+        let lock = client.acquire(resource).await;
+        (began.elapsed(), lock)
+    })
+}
+
 /// Lock keys on the nodes, read directly.
 async fn lock_keys(cluster: &Cluster) -> usize {
     common::lock_keys(cluster).await.len()
@@ -79,14 +93,7 @@ async fn a_waiter_refused_by_a_cancelled_acquire_is_woken_when_its_keys_go() {
     attempt.abort();
     let _ = attempt.await;
 
-    let waiter = {
-        let w = w.clone();
-        tokio::spawn(async move {
-            let began = Instant::now();
-            let lock = w.acquire("cancelled").await;
-            (began.elapsed(), lock)
-        })
-    };
+    let waiter = timed_acquire(&w, "cancelled");
     // A's cleanup deletes its keys about 900 ms after the attempt began: W, refused by them,
     // must hear that rather than sleep out its retry delay.
     let (waited, lock) = tokio::time::timeout(Duration::from_secs(4), waiter)
@@ -609,14 +616,7 @@ async fn a_waiter_refused_with_a_node_down_is_woken_by_the_release() {
         .build()
         .expect("client W");
     w.connect().await;
-    let waiter = {
-        let w = w.clone();
-        tokio::spawn(async move {
-            let began = Instant::now();
-            let lock = w.acquire("down").await;
-            (began.elapsed(), lock)
-        })
-    };
+    let waiter = timed_acquire(&w, "down");
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         !waiter.is_finished(),

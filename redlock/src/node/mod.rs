@@ -391,7 +391,6 @@ impl RedisNode {
             let sent = node.micros();
             heard.sending(sent);
             let call = request(live);
-            let node = Arc::clone(&node);
             async move {
                 let answer = call.await;
                 if from_server(&answer) {
