@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! redlock-bench [--quick] [--json FILE] [--plots DIR] [--nodes URL,URL,...]
-//!               [--hold-secs S] [--only latency,throughput,hot,held,faults] [--check]
+//!               [--hold-secs S] [--only latency,throughput,hot,held,faults,hot-faults] [--check]
 //!               [--n 1,3,5,7] [--impls redlock,floor,...]
 //! ```
 //!
@@ -32,7 +32,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use redlock_testkit::Cluster;
 
 use crate::impls::{Client, Impl};
-use crate::report::{HeldRow, HotKeyRow, Meta, Report};
+use crate::report::{HeldRow, HotFaultRow, HotKeyRow, Meta, Report};
 use crate::scenarios::PLAIN;
 
 pub(crate) type BenchError = Box<dyn std::error::Error + Send + Sync>;
@@ -52,6 +52,8 @@ pub(crate) struct Plan {
     tput_wall: Duration,
     hot_nodes: Vec<usize>,
     hot_wall: Duration,
+    /// Node counts of the hot key under faults (its rows take `hot_wall` each).
+    hot_fault_nodes: Vec<usize>,
     held_nodes: usize,
     held_sizes: Vec<usize>,
     held_ttl: Duration,
@@ -78,6 +80,7 @@ impl Plan {
                 tput_windows: 2,
                 hot_nodes: vec![5],
                 hot_wall: Duration::from_secs(1),
+                hot_fault_nodes: vec![5],
                 held_nodes: 5,
                 held_sizes: vec![1_000],
                 held_ttl: Duration::from_secs(2),
@@ -101,6 +104,7 @@ impl Plan {
                 tput_windows: 6,
                 hot_nodes: vec![1, 3, 5, 7],
                 hot_wall: Duration::from_secs(10),
+                hot_fault_nodes: vec![5],
                 held_nodes: 5,
                 held_sizes: vec![1_000, 10_000, 100_000],
                 held_ttl: Duration::from_secs(10),
@@ -177,7 +181,7 @@ fn parse_args() -> Result<Args, String> {
             "-h" | "--help" => {
                 println!(
                     "redlock-bench [--quick] [--json FILE] [--plots DIR] [--nodes URL,URL,...] \
-                     [--hold-secs S] [--only latency,throughput,hot,held,faults] [--check]\n\
+                     [--hold-secs S] [--only latency,throughput,hot,held,faults,hot-faults] [--check]\n\
                      \x20              [--n 1,3,5,7] [--impls redlock,floor,...] \
                      (partial runs, for comparing one change; their targets verdicts are partial)"
                 );
@@ -341,6 +345,7 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
         plan.nodes.retain(|n| counts.contains(n));
         plan.hot_nodes.retain(|n| counts.contains(n));
         plan.fault_nodes.retain(|n| counts.contains(n));
+        plan.hot_fault_nodes.retain(|n| counts.contains(n));
     }
     let timed = |w: Impl| {
         args.impls
@@ -357,7 +362,10 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
             * (Impl::in_every_scenario().count()
                 + 2 * Impl::in_every_scenario().filter(|w| w.waits()).count())
         + plan.held_sizes.len() * Impl::in_every_scenario().count()
-        + plan.fault_nodes.len() * 6;
+        + plan.fault_nodes.len() * 6
+        + plan.hot_fault_nodes.len()
+            * scenarios::HOT_FAULTS.len()
+            * Impl::in_every_scenario().count();
     let pb = ProgressBar::new(steps as u64);
     pb.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
@@ -386,6 +394,7 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
         hot_key: Vec::new(),
         held: Vec::new(),
         faults: Vec::new(),
+        hot_faults: Vec::new(),
         skipped: Vec::new(),
     };
 
@@ -560,6 +569,49 @@ async fn run(args: &Args) -> Result<Report, BenchError> {
                 report.faults.extend(rows);
             }
             phase_done("faults", &mut report);
+        }
+    }
+
+    if wants("hot-faults") {
+        if args.nodes.is_some() {
+            skipped.push(
+                "hot key under faults (it needs nodes this process spawned: proxy, kill)"
+                    .to_owned(),
+            );
+        } else {
+            for &n in &plan.hot_fault_nodes {
+                for fault in scenarios::HOT_FAULTS {
+                    for which in Impl::in_every_scenario() {
+                        pb.set_message(format!("hot key N={n} {fault} {}", which.name()));
+                        if !timed(which) {
+                            continue;
+                        }
+                        let result = if which.waits() {
+                            Some(
+                                scenarios::hot_key_under(
+                                    n,
+                                    which,
+                                    fault,
+                                    plan.hot_wall,
+                                    report::CONTENDERS,
+                                )
+                                .await?,
+                            )
+                        } else {
+                            None
+                        };
+                        report.hot_faults.push(HotFaultRow {
+                            n,
+                            fault: fault.to_owned(),
+                            implementation: which,
+                            contenders: report::CONTENDERS,
+                            result,
+                        });
+                        pb.inc(1);
+                    }
+                }
+            }
+            phase_done("hot key under faults", &mut report);
         }
     }
     pb.finish_and_clear();

@@ -122,6 +122,19 @@ pub(crate) struct HotKeyRow {
     pub(crate) result: Cell<HotKeyResult>,
 }
 
+/// The hot key under one fault (a fresh proxied cluster per row; see
+/// `scenarios::hot_key_under`).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct HotFaultRow {
+    pub(crate) n: usize,
+    /// One of `scenarios::HOT_FAULTS`.
+    pub(crate) fault: String,
+    pub(crate) implementation: Impl,
+    /// Contenders, a client each; contender 0 is the far client in the "far client" row.
+    pub(crate) contenders: usize,
+    pub(crate) result: Cell<HotKeyResult>,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct HeldResult {
     pub(crate) held: usize,
@@ -188,6 +201,7 @@ pub(crate) struct Report {
     pub(crate) hot_key: Vec<HotKeyRow>,
     pub(crate) held: Vec<HeldRow>,
     pub(crate) faults: Vec<FaultRow>,
+    pub(crate) hot_faults: Vec<HotFaultRow>,
     /// Scenarios that did not run at all, with why (e.g. faults against `--nodes`).
     pub(crate) skipped: Vec<String>,
 }
@@ -288,6 +302,13 @@ impl Report {
         self.hot_key
             .iter()
             .find(|r| r.n == n && r.implementation == which && r.clients == clients)
+            .and_then(|r| r.result.as_ref())
+    }
+
+    fn hot_fault_of(&self, n: usize, fault: &str, which: Impl) -> Option<&HotKeyResult> {
+        self.hot_faults
+            .iter()
+            .find(|r| r.n == n && r.fault == fault && r.implementation == which)
             .and_then(|r| r.result.as_ref())
     }
 
@@ -608,10 +629,70 @@ impl Report {
                 ratio(l.p99_us, healthy)
             );
         }
+        if !self.hot_faults.is_empty() {
+            self.hot_faults_table(&mut md);
+        }
         if !self.skipped.is_empty() {
             let _ = writeln!(md, "\nSkipped: {}", self.skipped.join("; "));
         }
         md
+    }
+
+    /// The hot key under faults: one row per fault and implementation.
+    fn hot_faults_table(&self, md: &mut String) {
+        let _ = writeln!(
+            md,
+            "\n### Hot key under faults ({CONTENDERS} contenders, a client each; 1 ms hold; proxied nodes)\n\n\
+             A fresh proxied cluster per row; the fault comes after the clients connected, 0.2 s \
+             before they contend. dead node: killed; slow node: 2 ms more each way; both on the \
+             node this crate's racing attempts ask first for the key (for the others, one node \
+             like any other). far client: contender 0 reaches every node through proxies of its \
+             own, 1 ms more each way. Wins as a multiple of a fair share (1/{CONTENDERS} of all).\n\n\
+             | N | fault | impl | hand-offs/s | / healthy | wait p50 | wait p99 | wait max | cut-off waits | fewest wins | contender 0's wins | Jain | split votes | errors |\n\
+             |---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
+        for r in &self.hot_faults {
+            let Some(h) = &r.result else {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a |",
+                    r.n,
+                    r.fault,
+                    r.implementation.name()
+                );
+                continue;
+            };
+            let healthy = self
+                .hot_fault_of(r.n, "healthy", r.implementation)
+                .map_or(0.0, |h| h.handoffs_per_sec);
+            let wins: u64 = h.wins_per_contender.iter().sum();
+            let fair = wins as f64 / r.contenders.max(1) as f64;
+            let share = |w: u64| {
+                if fair > 0.0 {
+                    format!("{w} ({:.2}×)", w as f64 / fair)
+                } else {
+                    w.to_string()
+                }
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {} | {} |",
+                r.n,
+                r.fault,
+                r.implementation.name(),
+                h.handoffs_per_sec,
+                ratio(h.handoffs_per_sec, healthy),
+                us(h.wait.p50_us),
+                us(h.wait.p99_us),
+                us(h.wait.max_us),
+                h.censored_waits,
+                share(h.min_per_contender),
+                share(h.wins_per_contender.first().copied().unwrap_or(0)),
+                h.jain,
+                h.split_votes.map_or("–".to_owned(), |v| v.to_string()),
+                h.wait.errors
+            );
+        }
     }
 
     /// The targets, met or missed, with numbers (ratios within this run).
@@ -818,6 +899,17 @@ impl Report {
                     );
                 }
             }
+        }
+        for r in &self.hot_faults {
+            want(
+                r.implementation.waits() == r.result.is_some(),
+                format!(
+                    "hot key under faults N={} {} {}",
+                    r.n,
+                    r.fault,
+                    r.implementation.name()
+                ),
+            );
         }
         missing
     }

@@ -310,6 +310,20 @@ pub(crate) fn jain(x: &[u64]) -> f64 {
     }
 }
 
+/// Who contends for the hot key, and how.
+pub(crate) struct Contention<'a> {
+    pub(crate) which: Impl,
+    /// The nodes, as the contenders' clients reach them.
+    pub(crate) urls: &'a [String],
+    /// How contender 0's client reaches the nodes instead, when it differs (a far client).
+    pub(crate) first_urls: Option<&'a [String]>,
+    pub(crate) resource: String,
+    pub(crate) contenders: usize,
+    /// One client shared by every contender, instead of a client each.
+    pub(crate) shared: bool,
+    pub(crate) wall: Duration,
+}
+
 /// `contenders` contenders on one key for `wall`: each with its own client (as separate
 /// processes would be), or all sharing one client (`shared`).
 pub(crate) async fn hot_key(
@@ -320,24 +334,127 @@ pub(crate) async fn hot_key(
     contenders: usize,
     shared: bool,
 ) -> Result<HotKeyResult, BenchError> {
+    let contention = Contention {
+        which,
+        urls,
+        first_urls: None,
+        resource: format!("bench:{}:hot{n}:{contenders}:{shared}", which.name()),
+        contenders,
+        shared,
+        wall,
+    };
+    contend(&contention, std::future::ready(())).await
+}
+
+/// One node's traffic delay in the "slow node" row of the hot key under faults, each way.
+const SLOW_NODE_DELAY: Duration = Duration::from_millis(2);
+/// The far client's extra delay to every node in the "far client" row, each way.
+const FAR_CLIENT_DELAY: Duration = Duration::from_millis(1);
+/// Between a fault and the first contender's acquire: the fault is already there when the
+/// contention starts, as with a node that died a while ago.
+const FAULT_SETTLE: Duration = Duration::from_millis(200);
+
+/// The faults of the hot key under faults, in the order run; "healthy" is the same proxied
+/// cluster without one.
+pub(crate) const HOT_FAULTS: [&str; 4] = ["healthy", "dead node", "slow node", "far client"];
+
+/// The hot key (`contenders` clients, 1 ms hold) on a fresh proxied cluster of `n` nodes
+/// under `fault` (one of [`HOT_FAULTS`]), injected after the clients connected and warmed up
+/// and [`FAULT_SETTLE`] before they contend. "dead node" kills, and "slow node" delays by
+/// [`SLOW_NODE_DELAY`] each way, the node this crate's racing attempts ask first for the key
+/// (for the others, one node like any other); "far client" sends contender 0's traffic to every
+/// node through proxies of its own adding [`FAR_CLIENT_DELAY`] each way.
+pub(crate) async fn hot_key_under(
+    n: usize,
+    which: Impl,
+    fault: &str,
+    wall: Duration,
+    contenders: usize,
+) -> Result<HotKeyResult, BenchError> {
+    let cluster = Cluster::builder().nodes(n).proxied(true).start().await?;
+    let urls = cluster.urls();
+    let resource = format!(
+        "bench:{}:hotfault{n}:{}",
+        which.name(),
+        fault.replace(' ', "-")
+    );
+    let first = racing_first_node(&urls, &resource).await?;
+    let mut far = Vec::new();
+    if fault == "far client" {
+        for node in cluster.nodes() {
+            let proxy = redlock_testkit::FaultProxy::start(node.addr()).await?;
+            proxy.set_delay(FAR_CLIENT_DELAY, Duration::ZERO);
+            far.push(proxy);
+        }
+    }
+    let far_urls: Vec<String> = far.iter().map(redlock_testkit::FaultProxy::url).collect();
+    let contention = Contention {
+        which,
+        urls: &urls,
+        first_urls: (!far_urls.is_empty()).then_some(&far_urls[..]),
+        resource,
+        contenders,
+        shared: false,
+        wall,
+    };
+    let inject = async {
+        match fault {
+            "dead node" => cluster.node(first).kill(),
+            "slow node" => {
+                if let Some(p) = cluster.node(first).proxy() {
+                    p.set_delay(SLOW_NODE_DELAY, Duration::ZERO);
+                }
+            }
+            _ => {}
+        }
+        tokio::time::sleep(FAULT_SETTLE).await;
+    };
+    let result = contend(&contention, inject).await;
+    drop(far);
+    drop(cluster);
+    result
+}
+
+/// The node this crate's racing attempts on `resource` ask first, as a client of `urls` ranks
+/// the nodes once connected (`Redlock::first_node`; the same for every client that addresses
+/// the nodes alike).
+async fn racing_first_node(urls: &[String], resource: &str) -> Result<usize, BenchError> {
+    let client = redlock::Redlock::builder().nodes(urls).build()?;
+    client.connect().await;
+    Ok(client.first_node(resource).unwrap_or(0))
+}
+
+/// Runs `c`: connects and warms up every contender's client, awaits `before` (a fault), then
+/// lets the contenders take turns for `c.wall`.
+async fn contend(
+    c: &Contention<'_>,
+    before: impl std::future::Future<Output = ()>,
+) -> Result<HotKeyResult, BenchError> {
+    let (which, contenders, shared) = (c.which, c.contenders, c.shared);
     let setup = Setup {
         wait_deadline: Some(Duration::from_secs(30)),
         ..PLAIN
     };
     let mut clients = Vec::with_capacity(contenders);
-    for _ in 0..contenders {
+    for i in 0..contenders {
+        let urls = match c.first_urls {
+            Some(urls) if i == 0 => urls,
+            _ => c.urls,
+        };
         match clients.first() {
-            Some(c) if shared => clients.push(Client::clone(c)),
+            Some(first) if shared => clients.push(Client::clone(first)),
             _ => clients.push(Client::connect(which, urls, setup).await?),
         }
     }
-    let resource = format!("bench:{}:hot{n}:{contenders}:{shared}", which.name());
+    let resource = c.resource.clone();
     // Warm every client's connections before the clock starts.
-    for c in &clients {
-        c.cycle(&format!("{resource}:warm"), TTL)
+    for client in &clients {
+        client
+            .cycle(&format!("{resource}:warm"), TTL)
             .await
             .map_err(|e| format!("hot key warm-up: {e}"))?;
     }
+    before.await;
     let stop = Arc::new(AtomicBool::new(false));
     let streak = Arc::new(std::sync::Mutex::new(Streak::default()));
     let stats: Vec<Arc<std::sync::Mutex<Contender>>> = (0..contenders)
@@ -381,7 +498,7 @@ pub(crate) async fn hot_key(
             })
         })
         .collect();
-    tokio::time::sleep(wall).await;
+    tokio::time::sleep(c.wall).await;
     stop.store(true, Ordering::Relaxed);
     let secs = started.elapsed().as_secs_f64();
     // Contenders still waiting get a grace period; then their waits are cut off and counted

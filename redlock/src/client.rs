@@ -82,6 +82,22 @@ impl Redlock {
             .collect()
     }
 
+    /// The node a contended acquire of `resource` asks first right now, as an index into the
+    /// nodes in configuration order (see docs/leases.md, "Hand-off without waiting out a retry
+    /// delay"): the node every client that addresses the nodes alike ranks first for it, unless
+    /// this client passes it over for the moment (it failed, its connection is not open, or it
+    /// is far from this client). `None` with one node, or with `race_via_first_node(false)`.
+    ///
+    /// A hot lock's racing attempts all go through this node, so it is where the lock's
+    /// contention shows first; two clients that answer differently for a resource are racing
+    /// through different nodes.
+    pub fn first_node(&self, resource: &str) -> Option<usize> {
+        if !self.core.config.race_via_first_node {
+            return None;
+        }
+        self.core.first_node_index(resource)
+    }
+
     /// A request for a lock on `resource` with options of its own — TTL, how long to wait,
     /// retry policy, minimum validity — taken with [`LockRequest::acquire`],
     /// [`LockRequest::guard`] or [`LockRequest::with_lock`]. Options not set are the client's.
