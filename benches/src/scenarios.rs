@@ -416,8 +416,8 @@ pub(crate) async fn hot_key_under(
 }
 
 /// The node this crate's racing attempts on `resource` ask first, as a client of `urls` ranks
-/// the nodes once connected (`Redlock::first_node`; the same for every client that addresses
-/// the nodes alike).
+/// the nodes once connected (`Redlock::first_node`; the same for every client of the same
+/// servers).
 async fn racing_first_node(urls: &[String], resource: &str) -> Result<usize, BenchError> {
     let client = redlock::Redlock::builder().nodes(urls).build()?;
     client.connect().await;

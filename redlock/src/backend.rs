@@ -153,6 +153,13 @@ pub(crate) trait Backend: Send + Sync + 'static {
         let _ = i;
         None
     }
+    /// Where node `i`'s rank for a racing attempt's first node starts
+    /// ([`engine::rank_seed`](crate::engine::rank_seed) of the server's identity), when the
+    /// backend knows the server; `None`: ranked by its configured name.
+    fn rank_seed(&self, i: usize) -> Option<u64> {
+        let _ = i;
+        None
+    }
     /// How long `key` lives on node `i`: `None` when the node has no such key, `Duration::MAX`
     /// for a key without expiry. A read (`PTTL`): it never creates, changes or deletes a key.
     /// Backends without it answer with an error, which counts as an unknown outcome.

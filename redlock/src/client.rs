@@ -84,9 +84,10 @@ impl Redlock {
 
     /// The node a contended acquire of `resource` asks first right now, as an index into the
     /// nodes in configuration order (see docs/leases.md, "Hand-off without waiting out a retry
-    /// delay"): the node every client that addresses the nodes alike ranks first for it, unless
-    /// this client passes it over for the moment (it failed, its connection is not open, or it
-    /// is far from this client). `None` with one node, or with `race_via_first_node(false)`.
+    /// delay"): the node every client of the same servers ranks first for it (by the servers'
+    /// identities, however the client addresses them), unless this client passes it over for
+    /// the moment (it failed, its connection is not open, or it is far from this client).
+    /// `None` with one node, or with `race_via_first_node(false)`.
     ///
     /// A hot lock's racing attempts all go through this node, so it is where the lock's
     /// contention shows first; two clients that answer differently for a resource are racing

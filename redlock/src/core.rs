@@ -100,9 +100,9 @@ pub(crate) struct Core<B> {
     /// `Core::check_first_node`).
     checking: Arc<[std::sync::atomic::AtomicBool]>,
     born: Instant,
-    /// Per node: what the first node's ranking hashes — the normalised address (set by the
-    /// builder), so that clients naming the nodes differently still agree.
-    ranked_as: Arc<[Arc<str>]>,
+    /// Per node: where the first node's ranking starts until the backend knows the server
+    /// ([`Backend::rank_seed`]): the normalised address or configured name (set by the builder).
+    rank_seeds: Arc<[u64]>,
 }
 
 /// How long a node that failed a racing attempt, or did not answer it within its budget, is
@@ -248,7 +248,7 @@ impl<B: Backend> Core<B> {
         let origin = origin.join(",").into();
         static INSTANCES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let n = backend.len();
-        let ranked_as = (0..n).map(|i| Arc::clone(backend.name(i))).collect();
+        let rank_seeds = (0..n).map(|i| engine::rank_seed(backend.name(i))).collect();
         let backend = Arc::new(backend);
         Self {
             renewer: Arc::new(Renewer::new(Arc::clone(&backend), config.clone())),
@@ -267,7 +267,7 @@ impl<B: Backend> Core<B> {
                 .map(|_| std::sync::atomic::AtomicBool::new(false))
                 .collect(),
             born: Instant::now(),
-            ranked_as,
+            rank_seeds,
         }
     }
 
@@ -280,8 +280,8 @@ impl<B: Backend> Core<B> {
         let n = self.backend.len();
         let open_budget = (0..n).map(|i| self.backend.budget(i)).min()?;
         let far = far_nodes(n, self.quorum(), |i| self.backend.distance(i));
-        let names = self.ranked_as.iter().map(|n| &**n);
-        engine::first_node(names, resource, |i| {
+        let seeds = (0..n).map(|i| self.backend.rank_seed(i).unwrap_or(self.rank_seeds[i]));
+        engine::first_node(seeds, resource, |i| {
             self.passed_over[i].load(std::sync::atomic::Ordering::Relaxed) <= now
                 && self.backend.budget(i) <= open_budget
                 && !far.contains(i)
@@ -381,11 +381,12 @@ impl<B: Backend> Core<B> {
     }
 
     /// Sets the nodes' normalised addresses: the node list a lock is recognised by, and what
-    /// ranks the nodes for a racing attempt's first node — so that two clients of the same
-    /// nodes under different display names agree.
+    /// ranks the nodes for a racing attempt's first node until a connection read the server's
+    /// identity (which ranks it from then on) — so that two clients of the same nodes under
+    /// different display names agree.
     pub(crate) fn with_node_ids(mut self, ids: &[&str]) -> Self {
         self.origin = ids.join(",").into();
-        self.ranked_as = ids.iter().map(|id| Arc::from(*id)).collect();
+        self.rank_seeds = ids.iter().map(|id| engine::rank_seed(id)).collect();
         self
     }
 

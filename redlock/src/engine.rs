@@ -687,37 +687,58 @@ pub(crate) fn handed_over<T: Send + 'static>(call: BoxFuture<'static, T>) -> Han
     }
 }
 
-/// Picks the node a contended lock is attempted on first, the same for every client that
-/// names the nodes alike: of the nodes `usable` allows, the one with the highest hash of node
-/// name and `resource` (rendezvous hashing, FNV-1a). `None` with one node, whose answer
-/// decides alone.
+/// FNV-1a of `parts`, continued from `h`.
+fn fnv_from(mut h: u64, parts: &[&[u8]]) -> u64 {
+    for part in parts {
+        for &b in *part {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// Where a node's hash for any resource starts (see [`first_node`]): FNV-1a of the node's
+/// name and a separator. The name is the server's identity (the id of its identity record)
+/// once a connection read it, so that clients reaching one server under different addresses
+/// agree; the configured name or normalised address before that.
+pub(crate) fn rank_seed(name: &str) -> u64 {
+    fnv_from(0xcbf2_9ce4_8422_2325, &[name.as_bytes(), b"\n"])
+}
+
+/// MurmurHash3's 64-bit finaliser: every input bit moves every output bit. FNV-1a alone
+/// barely moves the high bits for a change in the last bytes, so the comparison between two
+/// nodes' hashes followed their names, not the resource: every resource ranked the same node
+/// first (test `clients_naming_the_nodes_differently_agree_on_the_first_node`).
+fn mix(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^ (x >> 33)
+}
+
+/// Picks the node a contended lock is attempted on first, the same for every client of the
+/// same servers: of the nodes `usable` allows, the one with the highest hash of the node's
+/// [`rank_seed`] and `resource` (rendezvous hashing: FNV-1a, then [`mix`]), so that resources
+/// spread over the nodes. `None` with one node, whose answer decides alone.
 ///
 /// Waiters woken by one release race for the lock. Sent to every node at once, two attempts
 /// that start within a round trip of each other can each win some nodes and neither a quorum
 /// (a split vote: both clean up and try again). Through one node first, the loser is refused
 /// there and asks no other node, and the winner asks the rest once that node granted: one more
 /// round trip for the winner, no split between racers, and fewer requests for the nodes.
-pub(crate) fn first_node<'a>(
-    names: impl Iterator<Item = &'a str>,
+pub(crate) fn first_node(
+    seeds: impl Iterator<Item = u64>,
     resource: &str,
     usable: impl Fn(usize) -> bool,
 ) -> Option<usize> {
-    fn fnv(parts: &[&[u8]]) -> u64 {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for part in parts {
-            for &b in *part {
-                h ^= u64::from(b);
-                h = h.wrapping_mul(0x0100_0000_01b3);
-            }
-        }
-        h
-    }
     let mut nodes = 0;
     let mut best: Option<(usize, u64)> = None;
-    for (i, name) in names.enumerate() {
+    for (i, seed) in seeds.enumerate() {
         nodes += 1;
         if usable(i) {
-            let h = fnv(&[name.as_bytes(), b"\n", resource.as_bytes()]);
+            let h = mix(fnv_from(seed, &[resource.as_bytes()]));
             if best.is_none_or(|(_, top)| h > top) {
                 best = Some((i, h));
             }

@@ -60,6 +60,15 @@ impl Backend for Nodes {
     }
 
     #[inline]
+    fn rank_seed(&self, i: usize) -> Option<u64> {
+        match self {
+            Self::Redis(b) => b.rank_seed(i),
+            #[cfg(feature = "simulation")]
+            Self::Sim(b) => b.rank_seed(i),
+        }
+    }
+
+    #[inline]
     fn distance(&self, i: usize) -> Option<Duration> {
         match self {
             Self::Redis(b) => b.distance(i),

@@ -570,15 +570,6 @@ async fn a_failed_renewal_batch_is_retried_within_the_validity() {
     guard.release().await.unwrap();
 }
 
-/// The node racing attempts for `resource` ask first, as the client ranks its nodes (named by
-/// address).
-fn racing_first_node(cluster: &Cluster, resource: &str) -> usize {
-    let names: Vec<String> = (0..cluster.len())
-        .map(|i| format!("127.0.0.1:{}/0", cluster.node(i).port()))
-        .collect();
-    common::racing_first_node(&names, resource)
-}
-
 /// A lock won by a racing attempt while the connection to a third node is being opened (that
 /// node hangs: it accepts the connection and answers nothing), then released at once. The
 /// lock's acquire and then its release wait for that connection, in order. The release phase
@@ -593,7 +584,7 @@ async fn a_release_waiting_for_a_connection_is_sent_after_the_grant_ahead_of_it(
     let channel = format!("redlock:release:{resource}");
     // j: the node whose connection will be re-opened; it must not be the one racing attempts
     // ask first (they would wait for it).
-    let j = (racing_first_node(&cluster, resource) + 1) % 3;
+    let j = (common::racing_first_node_of(&cluster, resource).await + 1) % 3;
     let open: Vec<usize> = (0..3).filter(|&i| i != j).collect();
     for &o in &open {
         common::set(&cluster, o, &key, "foreign").await;

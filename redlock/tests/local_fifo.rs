@@ -373,7 +373,7 @@ async fn a_waiter_waits_for_the_release_to_reach_the_node_it_asks_first() {
     const RESOURCE: &str = "late-node";
     let cluster = Cluster::start(3).await.unwrap();
     let names: Vec<String> = (0..3).map(|i| format!("n{i}")).collect();
-    let first = common::racing_first_node(&names, RESOURCE);
+    let first = common::racing_first_node_of(&cluster, RESOURCE).await;
     let proxy = redlock_testkit::FaultProxy::start(
         format!("127.0.0.1:{}", cluster.node(first).port())
             .parse()

@@ -21,11 +21,8 @@ const CHANNEL: &str = "redlock:release:pass-over";
 const RETRY_DELAY: Duration = Duration::from_secs(5);
 
 /// The nodes in the order racing attempts for [`RESOURCE`] prefer them.
-fn ranking(cluster: &Cluster) -> Vec<usize> {
-    let names: Vec<String> = (0..cluster.len())
-        .map(|i| format!("127.0.0.1:{}/0", cluster.node(i).port()))
-        .collect();
-    common::racing_ranking(&names, RESOURCE)
+async fn ranking(cluster: &Cluster) -> Vec<usize> {
+    common::racing_ranking_of(cluster, RESOURCE).await
 }
 
 fn client(cluster: &Cluster) -> Redlock {
@@ -89,7 +86,7 @@ async fn race_after_a_release(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_node_held_by_a_racer_for_a_moment_is_not_passed_over() {
     let cluster = Cluster::start(5).await.expect("cluster");
-    let rank = ranking(&cluster);
+    let rank = ranking(&cluster).await;
     let (first, second) = (rank[0], rank[1]);
     let rl = client(&cluster);
     let warm = rl.acquire("warm-up").await.expect("warm-up");
@@ -128,7 +125,7 @@ async fn a_first_node_held_by_a_racer_for_a_moment_is_not_passed_over() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_node_holding_a_stale_key_is_passed_over() {
     let cluster = Cluster::start(5).await.expect("cluster");
-    let rank = ranking(&cluster);
+    let rank = ranking(&cluster).await;
     let first = rank[0];
     let rl = client(&cluster);
     let warm = rl.acquire("warm-up").await.expect("warm-up");

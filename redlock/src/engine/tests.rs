@@ -304,7 +304,7 @@ fn fresh_acquire() -> Arc<Op> {
 
 /// The first node of a racing attempt on resource "r".
 fn first(backend: &FakeBackend) -> Option<usize> {
-    first_node(backend.names.iter().map(|n| &**n), "r", |_| true)
+    first_node(backend.names.iter().map(|n| rank_seed(n)), "r", |_| true)
 }
 
 /// One acquire attempt on nodes behaving as `behaviour`, cancelled at `cancel_at`, checked
@@ -772,7 +772,7 @@ async fn gated_nodes_are_asked_in_the_pass_that_opens_the_gate() {
     let probe = FakeBackend::new(&[Grant; 5]);
     let resource = (0..1000)
         .map(|k| format!("r{k}"))
-        .find(|r| first_node(probe.names.iter().map(|n| &**n), r, |_| true) == Some(1))
+        .find(|r| first_node(probe.names.iter().map(|n| rank_seed(n)), r, |_| true) == Some(1))
         .expect("a resource whose first node is node 1");
     let core = core(
         &[Grant, Grant, AtOnce, AtOnce, AtOnce],

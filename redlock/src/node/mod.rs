@@ -265,6 +265,8 @@ pub(crate) struct RedisNode {
     born: Instant,
     renewal_cost: RenewalCost,
     distance: Distance,
+    /// [`engine::rank_seed`] of the server's identity, read at connect; 0 until then.
+    rank_seed: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -331,6 +333,7 @@ impl RedisNode {
             born: Instant::now(),
             renewal_cost: RenewalCost::default(),
             distance: Distance::default(),
+            rank_seed: AtomicU64::new(0),
         })
     }
 
@@ -572,6 +575,9 @@ impl RedisNode {
             .claim(self.index, &server)
             .map_err(|e| NodeError::new(NodeErrorKind::Identity, e.to_string()))?;
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        // Ranked by the server from now on (0 stands for "not known").
+        self.rank_seed
+            .store(crate::engine::rank_seed(&id).max(1), Ordering::Relaxed);
         tracing::debug!(node = %self.name, server = %id, quarantined_for = ?quarantined_until.map(|u| u.saturating_duration_since(Instant::now())), "connected");
         Ok(Live {
             conn,
@@ -1317,6 +1323,13 @@ impl Backend for RedisBackend {
 
     fn distance(&self, i: usize) -> Option<Duration> {
         self.nodes[i].distance.get()
+    }
+
+    fn rank_seed(&self, i: usize) -> Option<u64> {
+        match self.nodes[i].rank_seed.load(Ordering::Relaxed) {
+            0 => None,
+            seed => Some(seed),
+        }
     }
 
     fn expiry(

@@ -98,7 +98,11 @@ impl SimCluster {
     /// for keeping such attempts waiting. `None` with one node.
     pub fn first_node(&self, resource: &str) -> Option<usize> {
         let names: Vec<String> = (0..self.len).map(node_name).collect();
-        crate::engine::first_node(names.iter().map(String::as_str), resource, |_| true)
+        crate::engine::first_node(
+            names.iter().map(|n| crate::engine::rank_seed(n)),
+            resource,
+            |_| true,
+        )
     }
 
     /// Whether the cluster has no nodes.

@@ -143,12 +143,43 @@ pub async fn metric_during<F: std::future::Future<Output = ()>>(name: &str, body
         .collect()
 }
 
-/// The node racing attempts for `resource` ask first, among nodes called `names` (a node's name
-/// is its normalised `host:port/db`, or the one given to `named_node`): the highest FNV-1a hash
-/// of the name and the resource, as the client ranks them.
+/// The node racing attempts for `resource` ask first, ranked by the servers' identity records
+/// (`redlock:node`, `<id>@<created ms>`): the highest hash of the id and the resource.
 #[allow(dead_code)]
-pub fn racing_first_node<S: AsRef<str>>(names: &[S], resource: &str) -> usize {
-    racing_ranking(names, resource)[0]
+pub async fn racing_first_node_of(cluster: &Cluster, resource: &str) -> usize {
+    racing_ranking_of(cluster, resource).await[0]
+}
+
+/// Every node, in the order racing attempts for `resource` prefer them, ranked by the
+/// servers' identity records (created by the first client that connects; a client of the
+/// nodes' direct URLs connects here first when a node has none yet).
+#[allow(dead_code)]
+pub async fn racing_ranking_of(cluster: &Cluster, resource: &str) -> Vec<usize> {
+    const RECORD: &str = "redlock:node";
+    for i in 0..cluster.len() {
+        if get(cluster, i, RECORD).await.is_none() {
+            let direct: Vec<String> = cluster.nodes().iter().map(|n| n.url()).collect();
+            redlock::Redlock::builder()
+                .nodes(direct)
+                .build()
+                .expect("valid config")
+                .connect()
+                .await;
+            break;
+        }
+    }
+    let mut ids = Vec::with_capacity(cluster.len());
+    for i in 0..cluster.len() {
+        let record = get(cluster, i, RECORD)
+            .await
+            .expect("the node's identity record (a client connected)");
+        let id = record
+            .split_once('@')
+            .map_or(&*record, |(id, _)| id)
+            .to_owned();
+        ids.push(id);
+    }
+    racing_ranking(&ids, resource)
 }
 
 /// Every node, in the order racing attempts for `resource` prefer them: the first node, then
@@ -161,8 +192,18 @@ pub fn racing_ranking<S: AsRef<str>>(names: &[S], resource: &str) -> Vec<usize> 
             (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
         })
     };
+    // MurmurHash3's finaliser, as the library applies it after FNV-1a.
+    let mix = |mut x: u64| {
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        x ^ (x >> 33)
+    };
     let mut order: Vec<usize> = (0..names.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(fnv(&format!("{}\n{resource}", names[i].as_ref()))));
+    order.sort_by_key(|&i| {
+        std::cmp::Reverse(mix(fnv(&format!("{}\n{resource}", names[i].as_ref()))))
+    });
     order
 }
 
