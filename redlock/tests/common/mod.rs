@@ -151,39 +151,51 @@ pub async fn racing_first_node_of(cluster: &Cluster, resource: &str) -> usize {
 }
 
 /// Every node, in the order racing attempts for `resource` prefer them, ranked by the
-/// servers' identity records (created by the first client that connects; a client of the
-/// nodes' direct URLs connects here first when a node has none yet).
+/// servers' identity records.
 #[allow(dead_code)]
 pub async fn racing_ranking_of(cluster: &Cluster, resource: &str) -> Vec<usize> {
-    const RECORD: &str = "redlock:node";
-    for i in 0..cluster.len() {
-        if get(cluster, i, RECORD).await.is_none() {
-            let direct: Vec<String> = cluster.nodes().iter().map(|n| n.url()).collect();
-            redlock::Redlock::builder()
-                .nodes(direct)
-                .build()
-                .expect("valid config")
-                .connect()
-                .await;
-            break;
-        }
-    }
-    let mut ids = Vec::with_capacity(cluster.len());
-    for i in 0..cluster.len() {
-        let record = get(cluster, i, RECORD)
-            .await
-            .expect("the node's identity record (a client connected)");
-        let id = record
-            .split_once('@')
-            .map_or(&*record, |(id, _)| id)
-            .to_owned();
-        ids.push(id);
-    }
-    racing_ranking(&ids, resource)
+    racing_ranking(&server_ids(cluster).await, resource)
 }
 
-/// Every node, in the order racing attempts for `resource` prefer them: the first node, then
-/// the one asked first while it is passed over, and so on.
+/// The id of every node's identity record (`redlock:node`, `<id>@<created ms>`), what racing
+/// attempts rank the nodes by. The first client that connects creates the records; a client of
+/// the nodes' direct URLs connects here first when a node has none yet.
+#[allow(dead_code)]
+pub async fn server_ids(cluster: &Cluster) -> Vec<String> {
+    const RECORD: &str = "redlock:node";
+    let read = || async {
+        let mut records = Vec::with_capacity(cluster.len());
+        for i in 0..cluster.len() {
+            records.push(get(cluster, i, RECORD).await);
+        }
+        records
+    };
+    let mut records = read().await;
+    if records.iter().any(Option::is_none) {
+        let direct: Vec<String> = cluster.nodes().iter().map(|n| n.url()).collect();
+        redlock::Redlock::builder()
+            .nodes(direct)
+            .build()
+            .expect("valid config")
+            .connect()
+            .await;
+        records = read().await;
+    }
+    records
+        .into_iter()
+        .map(|record| {
+            let record = record.expect("the node's identity record (a client connected)");
+            record
+                .split_once('@')
+                .map_or(&*record, |(id, _)| id)
+                .to_owned()
+        })
+        .collect()
+}
+
+/// Every node called `names` (the ids of [`server_ids`]), in the order racing attempts for
+/// `resource` prefer them: the first node, then the one asked first while it is passed over,
+/// and so on.
 #[allow(dead_code)]
 pub fn racing_ranking<S: AsRef<str>>(names: &[S], resource: &str) -> Vec<usize> {
     assert!(!names.is_empty(), "at least one node");
