@@ -162,6 +162,12 @@ impl Default for Config {
 #[non_exhaustive]
 pub struct RetryPolicy {
     /// Maximum attempts including the first. Default: [`DEFAULT_RETRY_ATTEMPTS`].
+    ///
+    /// Counted are the first attempt, the retry right after subscribing to the lock's release
+    /// notifications, and every attempt after a pause slept out. Attempts made because a
+    /// release was heard are not counted (a busy lock is released far more often than the
+    /// delay); without a `deadline` they are bounded in time instead: none starts once
+    /// `max_attempts × (delay + jitter/2 + node timeout)` has passed since the call began.
     pub max_attempts: Option<u32>,
     /// No attempt starts after this much time since the call began. Default: none.
     pub deadline: Option<Duration>,

@@ -590,8 +590,22 @@ impl<B: Backend> Core<B> {
         let span = tracing::debug_span!("redlock.acquire", resources = ?&*resources, nodes = self.backend.len());
         async {
             let started = Instant::now();
-            let deadline = policy.deadline.map(|d| lock::far_after(started, d));
+            let wait_limit = policy.wait_limit(self.config.node_timeout);
+            // The policy's deadline, or for a policy bounded by attempts alone the time they
+            // would take: no stagger or wait before an attempt runs past it.
+            let deadline = Some(lock::far_after(started, wait_limit));
             let mut attempts = 0u32;
+            // The attempts the policy's `max_attempts` counts: the first, the retry right
+            // after subscribing, and every attempt after a pause slept out. An attempt made
+            // because a release was heard (and the quick retries it allows) is not counted: a
+            // busy lock's releases come far more often than the retry delay, and a waiter that
+            // lost a few races to other clients, or reached a node ahead of the release's
+            // delete, gave up within milliseconds (test `handoff::races_lost_on_releases_heard_
+            // do_not_use_up_an_attempt_bounded_policy`: 44 ms against the 600 ms of pauses of
+            // `attempts(3)` with a 300 ms delay). Such attempts are bounded in time instead:
+            // none starts once the policy's wait limit has passed.
+            let mut counted = 0u32;
+            let mut on_release = false;
             // Within this client, acquirers of the same resources are served in FIFO order:
             // each takes its turn before its first attempt and keeps it until it returns, so a
             // task that releases and acquires again queues behind the client's waiters instead
@@ -640,12 +654,13 @@ impl<B: Backend> Core<B> {
                 // than make an attempt that can only be refused (bounded like the pause after
                 // a refusal).
                 if let Some(i) = interest.as_ref()
-                    && let Some(limit) = self.local_wait_limit(policy, attempts, started, &channel)
+                    && let Some(limit) = self.local_wait_limit(policy, counted, started, &channel)
                 {
                     let round_trip = self.round_trip();
                     match i.wait_for_local_holder(limit).await {
                         LocalHolder::Released { handed } => {
                             quick_retries = 3;
+                            on_release = true;
                             // The attempt follows this wait, not an earlier stagger.
                             racing = false;
                             if !handed && i.others_compete() {
@@ -673,6 +688,9 @@ impl<B: Backend> Core<B> {
                     }
                 }
                 attempts += 1;
+                if !std::mem::take(&mut on_release) {
+                    counted += 1;
+                }
                 let fixed = token.is_some();
                 let token = match token {
                     Some(t) => t.clone(),
@@ -760,8 +778,9 @@ impl<B: Backend> Core<B> {
                     Err(e) => e,
                 };
                 let unit: f64 = crate::det::unit();
-                let pause = if err.is_retryable() && !last_attempt {
-                    policy.next_delay(attempts, started.elapsed(), unit)
+                let spent = started.elapsed();
+                let pause = if err.is_retryable() && !last_attempt && spent < wait_limit {
+                    policy.next_delay(counted, spent, unit)
                 } else {
                     None
                 };
@@ -771,7 +790,9 @@ impl<B: Backend> Core<B> {
                         GaveUp::Queue
                     } else if policy.single_attempt() {
                         GaveUp::SingleAttempt
-                    } else if policy.max_attempts.is_some_and(|max| attempts >= max) {
+                    } else if policy.max_attempts.is_some_and(|max| counted >= max)
+                        || policy.deadline.is_none()
+                    {
                         GaveUp::Attempts
                     } else {
                         GaveUp::Deadline
@@ -817,6 +838,7 @@ impl<B: Backend> Core<B> {
                             if retry {
                                 quick_retries -= 1;
                                 racing = true;
+                                on_release = true;
                                 continue;
                             }
                         }
@@ -851,6 +873,8 @@ impl<B: Backend> Core<B> {
                         // A local hand-off: the release was this client's, meant for this
                         // waiter, whose attempt reaches every node right behind the deletes.
                         let handed = woken && interest.as_ref().map(Interest::handoffs) != handoffs;
+                        // Woken by a release, or a quick retry after one: not counted.
+                        on_release = woken || quick;
                         if woken {
                             quick_retries = 3;
                         } else if quick {

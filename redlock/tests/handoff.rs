@@ -747,3 +747,95 @@ async fn a_slow_first_node_is_not_asked_first() {
          ({handoffs:?})"
     );
 }
+
+/// An attempt made because a release was heard, and lost to another client that took the lock
+/// first, is not one of the retry policy's attempts: `attempts(n)` with a delay `d` promises a
+/// waiter about `(n - 1) × d` of waiting, and a busy lock's releases are heard far more often
+/// than that. Here a rival next to the nodes releases and re-takes the lock every 20 ms, each
+/// time in one transaction per node, so that every race the waiter runs on a release's message
+/// is lost. The waiter must still wait out the time its policy's pauses take, and give up by
+/// its wait limit (attempts × (delay + jitter / 2 + node timeout)).
+#[tokio::test]
+async fn races_lost_on_releases_heard_do_not_use_up_an_attempt_bounded_policy() {
+    const ATTEMPTS: u32 = 3;
+    const DELAY: Duration = Duration::from_millis(300);
+    const CYCLE: Duration = Duration::from_millis(20);
+    let cluster = Cluster::start(3).await.expect("cluster");
+    let resource = "always-lost";
+    let key = format!("{}lock:{resource}", redlock::DEFAULT_KEY_PREFIX);
+    let channel = format!("{}release:{resource}", redlock::DEFAULT_KEY_PREFIX);
+    let mut conns = Vec::new();
+    for i in 0..3 {
+        let mut conn = cluster
+            .node(i)
+            .connection()
+            .await
+            .expect("direct connection");
+        let _: () = redlock_testkit::redis::cmd("SET")
+            .arg(&key)
+            .arg("rival-0")
+            .arg("PX")
+            .arg(10_000)
+            .query_async(&mut conn)
+            .await
+            .expect("SET");
+        conns.push(conn);
+    }
+    let waiter = Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(10))
+        .node_timeout(NODE_TIMEOUT)
+        .retry(RetryPolicy::attempts(ATTEMPTS).with_delay(DELAY, Duration::ZERO))
+        .build()
+        .expect("valid config");
+    let started = Instant::now();
+    let task = tokio::spawn(async move { waiter.acquire(resource).await });
+    let mut cycles = 0u64;
+    while !task.is_finished() && started.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(CYCLE).await;
+        cycles += 1;
+        for conn in &mut conns {
+            let _: () = redlock_testkit::redis::pipe()
+                .atomic()
+                .cmd("DEL")
+                .arg(&key)
+                .ignore()
+                .cmd("PUBLISH")
+                .arg(&channel)
+                .arg(format!("{cycles:x}"))
+                .ignore()
+                .cmd("SET")
+                .arg(&key)
+                .arg(format!("rival-{cycles}"))
+                .arg("PX")
+                .arg(10_000)
+                .ignore()
+                .query_async(conn)
+                .await
+                .expect("release and take again");
+        }
+    }
+    let waited = started.elapsed();
+    let err = task
+        .await
+        .expect("waiter task")
+        .expect_err("every race is lost");
+    let retries = err.retries().expect("the retry history");
+    println!(
+        "gave up after {waited:?}, {} attempts, {cycles} releases heard",
+        retries.attempts
+    );
+    assert!(err.is_busy(), "{err}");
+    assert!(
+        waited >= DELAY * (ATTEMPTS - 1),
+        "gave up after {waited:?} ({} attempts, {cycles} releases), before the {} pauses of \
+         {DELAY:?} its policy promises",
+        retries.attempts,
+        ATTEMPTS - 1
+    );
+    let limit = (DELAY + NODE_TIMEOUT) * ATTEMPTS;
+    assert!(
+        waited < limit + Duration::from_millis(500),
+        "waited {waited:?}, past its wait limit of {limit:?}"
+    );
+}

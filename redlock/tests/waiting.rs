@@ -68,10 +68,11 @@ async fn a_waiter_refused_by_a_cancelled_acquire_is_woken_when_its_keys_go() {
         .nodes(direct_urls(&cluster))
         .ttl(Duration::from_secs(10))
         .node_timeout(Duration::from_millis(50))
-        // Bounded by time, not attempts: the cleanup's deletes land on the three nodes a
-        // moment apart, and an attempt woken by the first node's message can be refused by the
-        // others and retried on their messages; with `attempts(3)` that retry was the fourth
-        // attempt, and W gave up (`Busy`) twice in about 70 runs (once in a CI run on Valkey).
+        // The cleanup's deletes land on the three nodes a moment apart, and an attempt woken
+        // by the first node's message can be refused by the others and retried on their
+        // messages. With `attempts(3)` W gave up (`Busy`) twice in about 70 runs (once in a CI
+        // run on Valkey) while such retries counted as attempts; they no longer do (test
+        // `handoff::races_lost_on_releases_heard_do_not_use_up_an_attempt_bounded_policy`).
         .retry(
             RetryPolicy::deadline(Duration::from_secs(20)).with_delay(RETRY_DELAY, Duration::ZERO),
         )
