@@ -166,8 +166,8 @@ pub struct RetryPolicy {
     /// Counted are the first attempt, the retry right after subscribing to the lock's release
     /// notifications, and every attempt after a pause slept out. Attempts made because a
     /// release was heard are not counted (a busy lock is released far more often than the
-    /// delay); without a `deadline` they are bounded in time instead: none starts once
-    /// `max_attempts × (delay + jitter/2 + node timeout)` has passed since the call began.
+    /// delay) until `max_attempts × (delay + jitter/2 + node timeout)` (or the `deadline`, if
+    /// sooner) has passed since the call began; after that they count like any other.
     pub max_attempts: Option<u32>,
     /// No attempt starts after this much time since the call began. Default: none.
     pub deadline: Option<Duration>,
@@ -256,6 +256,22 @@ impl RetryPolicy {
         })
     }
 
+    /// How long attempts made on a release heard go uncounted: the longest that the policy's
+    /// attempts and pauses would take, `max_attempts × (delay + jitter/2 + node_timeout)`, or
+    /// the deadline if sooner. `Duration::MAX` for a policy without `max_attempts` (its
+    /// deadline alone bounds it).
+    pub(crate) fn release_limit(&self, node_timeout: Duration) -> Duration {
+        let Some(max) = self.max_attempts else {
+            return Duration::MAX;
+        };
+        let per_attempt = self
+            .delay
+            .saturating_add(self.jitter / 2)
+            .saturating_add(node_timeout);
+        let limit = per_attempt.saturating_mul(max);
+        self.deadline.map_or(limit, |d| limit.min(d))
+    }
+
     /// The pause before the next attempt, or `None` when the policy is used up.
     /// `attempts` = attempts made so far, `spent` = time since the call began.
     pub(crate) fn next_delay(
@@ -293,6 +309,23 @@ mod tests {
         let p =
             RetryPolicy::deadline(Duration::from_secs(2)).with_delay(Duration::MAX, Duration::ZERO);
         assert_eq!(p.next_delay(1, Duration::from_secs(1), 0.5), None);
+    }
+
+    #[test]
+    fn attempts_on_releases_heard_go_uncounted_for_the_time_the_attempts_would_take() {
+        let ms = Duration::from_millis;
+        let p = RetryPolicy::attempts(3).with_delay(ms(100), ms(50));
+        assert_eq!(p.release_limit(ms(50)), ms(3 * (100 + 25 + 50)));
+        assert_eq!(
+            p.clone().with_deadline(ms(200)).release_limit(ms(50)),
+            ms(200)
+        );
+        assert_eq!(
+            RetryPolicy::deadline(ms(200)).release_limit(ms(50)),
+            Duration::MAX
+        );
+        let forever = RetryPolicy::attempts(3).with_delay(Duration::MAX, Duration::MAX);
+        assert_eq!(forever.release_limit(ms(50)), Duration::MAX);
     }
 
     #[test]

@@ -590,10 +590,7 @@ impl<B: Backend> Core<B> {
         let span = tracing::debug_span!("redlock.acquire", resources = ?&*resources, nodes = self.backend.len());
         async {
             let started = Instant::now();
-            let wait_limit = policy.wait_limit(self.config.node_timeout);
-            // The policy's deadline, or for a policy bounded by attempts alone the time they
-            // would take: no stagger or wait before an attempt runs past it.
-            let deadline = Some(lock::far_after(started, wait_limit));
+            let deadline = policy.deadline.map(|d| lock::far_after(started, d));
             let mut attempts = 0u32;
             // The attempts the policy's `max_attempts` counts: the first, the retry right
             // after subscribing, and every attempt after a pause slept out. An attempt made
@@ -602,10 +599,13 @@ impl<B: Backend> Core<B> {
             // lost a few races to other clients, or reached a node ahead of the release's
             // delete, gave up within milliseconds (test `handoff::races_lost_on_releases_heard_
             // do_not_use_up_an_attempt_bounded_policy`: 44 ms against the 600 ms of pauses of
-            // `attempts(3)` with a 300 ms delay). Such attempts are bounded in time instead:
-            // none starts once the policy's wait limit has passed.
+            // `attempts(3)` with a 300 ms delay). Once the time the policy's attempts would
+            // take has passed (`RetryPolicy::release_limit`), such attempts count like any
+            // other, so a busy lock is given up soon after it. A call that hears no release
+            // counts every attempt, as long as they take (test file `retry_limits`).
             let mut counted = 0u32;
             let mut on_release = false;
+            let release_limit = policy.release_limit(self.config.node_timeout);
             // Within this client, acquirers of the same resources are served in FIFO order:
             // each takes its turn before its first attempt and keeps it until it returns, so a
             // task that releases and acquires again queues behind the client's waiters instead
@@ -657,7 +657,13 @@ impl<B: Backend> Core<B> {
                     && let Some(limit) = self.local_wait_limit(policy, counted, started, &channel)
                 {
                     let round_trip = self.round_trip();
-                    match i.wait_for_local_holder(limit).await {
+                    let waited = Instant::now();
+                    let outcome = i.wait_for_local_holder(limit).await;
+                    if waited.elapsed() >= limit {
+                        // A whole pause slept out: the attempt after it counts.
+                        on_release = false;
+                    }
+                    match outcome {
                         LocalHolder::Released { handed } => {
                             quick_retries = 3;
                             on_release = true;
@@ -688,7 +694,7 @@ impl<B: Backend> Core<B> {
                     }
                 }
                 attempts += 1;
-                if !std::mem::take(&mut on_release) {
+                if !std::mem::take(&mut on_release) || started.elapsed() >= release_limit {
                     counted += 1;
                 }
                 let fixed = token.is_some();
@@ -778,9 +784,8 @@ impl<B: Backend> Core<B> {
                     Err(e) => e,
                 };
                 let unit: f64 = crate::det::unit();
-                let spent = started.elapsed();
-                let pause = if err.is_retryable() && !last_attempt && spent < wait_limit {
-                    policy.next_delay(counted, spent, unit)
+                let pause = if err.is_retryable() && !last_attempt {
+                    policy.next_delay(counted, started.elapsed(), unit)
                 } else {
                     None
                 };
@@ -790,9 +795,7 @@ impl<B: Backend> Core<B> {
                         GaveUp::Queue
                     } else if policy.single_attempt() {
                         GaveUp::SingleAttempt
-                    } else if policy.max_attempts.is_some_and(|max| counted >= max)
-                        || policy.deadline.is_none()
-                    {
+                    } else if policy.max_attempts.is_some_and(|max| counted >= max) {
                         GaveUp::Attempts
                     } else {
                         GaveUp::Deadline

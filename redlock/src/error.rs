@@ -173,9 +173,9 @@ pub enum GaveUp {
     /// Only one attempt was asked for (`try_acquire`, `LockRequest::wait(Duration::ZERO)`, a
     /// policy of one attempt).
     SingleAttempt,
-    /// The retry policy's `max_attempts` were made, or (for a policy without a deadline) the
-    /// time they would take passed while attempts made on releases heard, which are not
-    /// counted, kept failing.
+    /// The retry policy's `max_attempts` were made (attempts made on a release heard count only
+    /// once the time the policy's attempts would take has passed; see
+    /// [`RetryPolicy::max_attempts`](crate::RetryPolicy::max_attempts)).
     Attempts,
     /// The retry policy's `deadline` (or the request's `wait`) passed: no attempt could start
     /// before it.
