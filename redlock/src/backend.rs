@@ -23,6 +23,12 @@ pub(crate) enum Op {
         /// The token may already be on the node (re-acquire with a known token, or a renewal
         /// putting back keys a node lost).
         rearm: bool,
+        /// The node's identity record is checked even where a plain `SET NX PX` would do
+        /// (no stamp, one key, a fresh token): a racing attempt, which asks first the node the
+        /// identity records rank first, learns this way that a record changed (an operator
+        /// deleted it, say) and reconnects, which reads the new one; otherwise the client
+        /// ranked by the old record for as long as its connection lasted.
+        checked: bool,
     },
     /// Owner-checked `PEXPIRE` of every key.
     Extend {

@@ -86,7 +86,10 @@ impl Redlock {
     /// nodes in configuration order (see docs/leases.md, "Hand-off without waiting out a retry
     /// delay"): the node every client of the same servers ranks first for it (by the servers'
     /// identities, however the client addresses them), unless this client passes it over for
-    /// the moment (it failed, its connection is not open, or it is far from this client).
+    /// the moment (it failed, its connection is not open while another node's is, or it is far
+    /// from this client). Until the client's connection to a node has read the server's
+    /// identity record, that node ranks by its configured name or address: before the client
+    /// has connected, the answer may differ from other clients'.
     /// `None` with one node, or with `race_via_first_node(false)`.
     ///
     /// A hot lock's racing attempts all go through this node, so it is where the lock's

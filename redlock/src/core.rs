@@ -500,6 +500,7 @@ impl<B: Backend> Core<B> {
             token: token.clone(),
             ttl_ms: lock::ttl_ms(ttl),
             rearm,
+            checked: racing,
         });
         // Until the attempt is decided, its cleanup publishes a wake-up like a release: an
         // attempt abandoned then (its caller cancelled) may hold a quorum, which other clients'

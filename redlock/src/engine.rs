@@ -25,7 +25,9 @@ use tokio::time::{Instant, Sleep};
 use crate::backend::{Backend, Op, Reply};
 use crate::claim::Claim;
 use crate::config::{Config, drift};
-use crate::error::{Error, NodeError, NodeOutcome, NodeReport, Phase as PhaseName, Retries};
+use crate::error::{
+    Error, NodeError, NodeErrorKind, NodeOutcome, NodeReport, Phase as PhaseName, Retries,
+};
 use crate::telemetry;
 
 /// Which answers count towards the phase's goal.
@@ -764,7 +766,8 @@ enum Gate {
 
 /// The first node's request: opens the gate for the others unless the node refused; also
 /// when it has not answered by `patience` (a hung node must not hold the attempt up for long).
-/// Calls `missed` when the node fails or has not answered by `deadline`, its budget.
+/// Calls `missed` when the node fails (other than on a changed identity record) or has not
+/// answered by `deadline`, its budget.
 fn first_call(
     mut call: BoxFuture<'static, Result<Reply, NodeError>>,
     open: tokio::sync::watch::Sender<Gate>,
@@ -793,7 +796,14 @@ fn first_call(
             Some(answer) => answer,
             None => call.await,
         };
-        if answer.is_err()
+        // A node whose identity record changed since this client connected failed the request
+        // for this client's stale view, not for anything wrong with the node, and the
+        // connection is opened again at once: passing it over would rank the nodes differently
+        // from every other client for the span (test
+        // `handoff::a_client_follows_identity_records_replaced_while_it_was_connected`).
+        if answer
+            .as_ref()
+            .is_err_and(|e| e.kind() != NodeErrorKind::Identity)
             && let Some(missed) = missed.take()
         {
             missed();

@@ -624,6 +624,7 @@ fn repair<B: Backend>(backend: &Arc<B>, node_timeout: Duration, held: &Arc<Held>
         token: held.token.clone(),
         ttl_ms: lock::ttl_ms(held.ttl),
         rearm: true,
+        checked: false,
     });
     // Handed over under the `done` lock: a release is either sent after the repair, on the
     // same connections (so it deletes what the repair set), or the repair is not sent.

@@ -840,3 +840,79 @@ async fn races_lost_on_releases_heard_do_not_use_up_an_attempt_bounded_policy() 
         "waited {waited:?}, long past the {limit:?} its attempts would take"
     );
 }
+
+/// An operator deletes the servers' identity records without restarting them (a `DEL`, a
+/// `FLUSHALL`, a restore of keys); each server writes a new one when the next client connects.
+/// A client without claim stamps that was connected before never read the records again (its
+/// single-resource acquires are a plain `SET NX PX`), so it ranked the nodes by the old ids for
+/// as long as its connections lasted, and its racing attempts went through another node than
+/// those of clients that connected later. Racing attempts now check the record: the first one
+/// that reaches a node reconnects to it, and the client ranks by the new ids from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_follows_identity_records_replaced_while_it_was_connected() {
+    let cluster = Cluster::start(3).await.expect("cluster");
+    let stamps_off = || {
+        Redlock::builder()
+            .nodes(cluster.urls())
+            .ttl(Duration::from_secs(10))
+            .node_timeout(NODE_TIMEOUT)
+            .claim_stamps(false)
+            .retry(
+                RetryPolicy::deadline(Duration::from_secs(10))
+                    .with_delay(Duration::from_millis(50), Duration::ZERO),
+            )
+            .build()
+            .expect("valid config")
+    };
+    let resources: Vec<String> = (0..60).map(|i| format!("replaced-{i}")).collect();
+    let old = stamps_off();
+    old.connect().await;
+    for i in 0..3 {
+        common::del(&cluster, i, "redlock:node").await;
+    }
+    let fresh: Vec<Redlock> = (0..2).map(|_| stamps_off()).collect();
+    for c in &fresh {
+        c.connect().await;
+    }
+    let ids = common::server_ids(&cluster).await;
+    let off_records = |c: &Redlock| {
+        resources
+            .iter()
+            .filter(|r| c.first_node(r) != Some(common::racing_ranking(&ids, r)[0]))
+            .count()
+    };
+    assert_eq!(
+        off_records(&fresh[0]),
+        0,
+        "a fresh client ranks by the records"
+    );
+    let stale = off_records(&old);
+    assert!(
+        stale > 0,
+        "the old client ranked like the new records before racing"
+    );
+    // The three contend for one lock (1 ms holds) for a second: the old client's attempts after
+    // a release heard race the others' through the first node.
+    let until = Instant::now() + Duration::from_secs(1);
+    let wins: Vec<usize> =
+        futures_util::future::join_all(std::iter::once(&old).chain(&fresh).map(|c| async move {
+            let mut wins = 0;
+            while Instant::now() < until {
+                if let Ok(lock) = c.acquire("replaced-hot").await {
+                    wins += 1;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    let _ = c.release(lock).await;
+                }
+            }
+            wins
+        }))
+        .await;
+    // Connections dropped on a changed record are opened again by the next request (or here).
+    old.connect().await;
+    let after = off_records(&old);
+    println!("wins {wins:?}; old client off the records for {stale} of 60 before, {after} after");
+    assert_eq!(
+        after, 0,
+        "after racing, the old client still ranks {after} of 60 resources by the deleted records"
+    );
+}

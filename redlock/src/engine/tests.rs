@@ -299,6 +299,7 @@ fn fresh_acquire() -> Arc<Op> {
         token: crate::token::Token::random().unwrap(),
         ttl_ms: 10_000,
         rearm: false,
+        checked: false,
     })
 }
 

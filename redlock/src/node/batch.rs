@@ -296,10 +296,11 @@ impl RedisNode {
                     token,
                     ttl_ms,
                     rearm,
+                    checked,
                 } => {
                     let kind = if *stamped {
                         "A"
-                    } else if self.plain_set_nx(false, keys.len(), *rearm) {
+                    } else if self.plain_set_nx(false, keys.len(), *rearm || *checked) {
                         "S"
                     } else {
                         "U"

@@ -776,14 +776,14 @@ impl RedisNode {
         }
     }
 
-    /// Whether an acquire can be a plain `SET NX PX`: one key, no stamp, a fresh random token
-    /// (it cannot be on the node yet) and no restart quarantine (whose identity check needs
-    /// the script).
-    fn plain_set_nx(&self, stamped: bool, keys: usize, rearm: bool) -> bool {
-        !stamped && keys == 1 && !rearm && self.keys.quarantine.is_none()
+    /// Whether an acquire can be a plain `SET NX PX`: one key, no stamp, neither a re-arm (a
+    /// token that may be on the node) nor an identity check asked for (`scripted`), and no
+    /// restart quarantine (whose identity check needs the script).
+    fn plain_set_nx(&self, stamped: bool, keys: usize, scripted: bool) -> bool {
+        !stamped && keys == 1 && !scripted && self.keys.quarantine.is_none()
     }
 
-    /// One acquire request on the open connection.
+    /// One acquire request on the open connection; `scripted`: see [`Self::plain_set_nx`].
     async fn acquire(
         self: &Arc<Self>,
         live: Live,
@@ -791,11 +791,11 @@ impl RedisNode {
         keys: &[String],
         token: &Token,
         ttl_ms: u64,
-        rearm: bool,
+        scripted: bool,
     ) -> Result<Reply, NodeError> {
         // (The restart quarantine was checked when the request was submitted.)
         let t = token.expose();
-        if let ([key], true) = (keys, self.plain_set_nx(stamped, keys.len(), rearm)) {
+        if let ([key], true) = (keys, self.plain_set_nx(stamped, keys.len(), scripted)) {
             return self.set_nx(&live, key, t, ttl_ms).await;
         }
         let ttl = ttl_ms.to_string();
@@ -870,8 +870,9 @@ impl RedisNode {
                 token,
                 ttl_ms,
                 rearm,
+                checked,
             } => {
-                self.acquire(live, *stamped, keys, token, *ttl_ms, *rearm)
+                self.acquire(live, *stamped, keys, token, *ttl_ms, *rearm || *checked)
                     .await
             }
             Op::Extend {

@@ -283,7 +283,7 @@ impl SimNode {
         keys: &Arc<[String]>,
         token: &Token,
         ttl_ms: u64,
-        rearm: bool,
+        scripted: bool,
     ) -> Result<Reply, NodeError> {
         if let Some(until) = live.quarantined_until {
             let now = Instant::now();
@@ -297,7 +297,7 @@ impl SimNode {
                 ));
             }
         }
-        if let ([key], false, false, None) = (&**keys, stamped, rearm, self.keys.quarantine) {
+        if let ([key], false, false, None) = (&**keys, stamped, scripted, self.keys.quarantine) {
             let req = Req::SetNx {
                 key: key.clone(),
                 token: token.clone(),
@@ -358,9 +358,10 @@ impl SimNode {
                 token,
                 ttl_ms,
                 rearm,
+                checked,
             } => {
                 return self
-                    .acquire(live, *stamped, keys, token, *ttl_ms, *rearm)
+                    .acquire(live, *stamped, keys, token, *ttl_ms, *rearm || *checked)
                     .await;
             }
             Op::Extend {
