@@ -494,24 +494,25 @@ impl<B: Backend> Core<B> {
         self.usable()?;
         let ttl = terms.ttl;
         let started = Instant::now();
+        // An attempt racing other clients' waiters goes through one node first, so that the
+        // racers do not split the votes (see `engine::first_node`).
+        let first = (racing && self.config.race_via_first_node)
+            .then(|| self.first_node(&resources[0]))
+            .flatten();
         let op = Arc::new(Op::Acquire {
             stamped: self.config.claim_stamps,
             keys: Arc::clone(keys),
             token: token.clone(),
             ttl_ms: lock::ttl_ms(ttl),
             rearm,
-            checked: racing,
+            // The first node is ranked by the servers' identity records: check them.
+            checked: first.is_some(),
         });
         // Until the attempt is decided, its cleanup publishes a wake-up like a release: an
         // attempt abandoned then (its caller cancelled) may hold a quorum, which other clients'
         // waiters were refused by and now wait to hear gone. So does the cleanup of a success
         // thrown away (validity used up, a misconfiguration found).
         let cleanup = attempt_cleanup(keys, &token, Some(self.channels(resources)));
-        // An attempt racing other clients' waiters goes through one node first, so that the
-        // racers do not split the votes (see `engine::first_node`).
-        let first = (racing && self.config.race_via_first_node)
-            .then(|| self.first_node(&resources[0]))
-            .flatten();
         let mut phase = Phase::start(
             &self.backend,
             PhaseName::Acquire,

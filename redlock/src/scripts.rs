@@ -115,7 +115,8 @@ return stamp
 /// The acquire script without claim stamps (`claim_stamps(false)`): `KEYS[1]` = identity
 /// record, `KEYS[2..]` = resource keys, same arguments; returns 1 on a grant or re-arm, 0 on a
 /// refusal, −2 when the identity record changed. Used for multi-resource locks, re-acquisition
-/// with a known token and the restart quarantine; a single fresh resource otherwise uses plain
+/// with a known token, the restart quarantine and racing attempts that ask a first node (whose
+/// ranking follows the identity records); a single fresh resource otherwise uses plain
 /// `SET NX PX`.
 pub(crate) static ACQUIRE_UNSTAMPED: LazyLock<LuaScript> = LazyLock::new(|| {
     let source = format!(
