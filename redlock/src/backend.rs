@@ -46,6 +46,15 @@ pub(crate) enum Op {
     },
 }
 
+impl Op {
+    /// Whether an acquire must run the acquire script even for one fresh key without a stamp,
+    /// where a plain `SET NX PX` would grant alike: it re-arms a token that may be on the node,
+    /// or asks for the identity record to be checked.
+    pub(crate) fn scripted(&self) -> bool {
+        matches!(self, Op::Acquire { rearm, checked, .. } if *rearm || *checked)
+    }
+}
+
 /// A release's wake-up id: what every node that deleted a key publishes on its channel. One
 /// release is published by up to N nodes; a waiter acts on the first message and drops the
 /// others with the same id, instead of retrying once per node. Random, so it says nothing

@@ -246,14 +246,18 @@ impl RetryPolicy {
     /// How long a waiter may queue for its turn behind this client's other waiters: the
     /// deadline if set, else roughly the time its attempts would have taken.
     pub(crate) fn wait_limit(&self, node_timeout: Duration) -> Duration {
+        self.deadline
+            .unwrap_or_else(|| self.attempts_time(self.max_attempts.unwrap_or(1), node_timeout))
+    }
+
+    /// The longest that `attempts` attempts and their pauses would take:
+    /// `attempts × (delay + jitter/2 + node_timeout)`.
+    fn attempts_time(&self, attempts: u32, node_timeout: Duration) -> Duration {
         // Saturating: the builder accepts any delay and jitter, `Duration::MAX` included.
-        self.deadline.unwrap_or_else(|| {
-            let per_attempt = self
-                .delay
-                .saturating_add(self.jitter / 2)
-                .saturating_add(node_timeout);
-            per_attempt.saturating_mul(self.max_attempts.unwrap_or(1))
-        })
+        self.delay
+            .saturating_add(self.jitter / 2)
+            .saturating_add(node_timeout)
+            .saturating_mul(attempts)
     }
 
     /// How long attempts made on a release heard go uncounted: the longest that the policy's
@@ -264,11 +268,7 @@ impl RetryPolicy {
         let Some(max) = self.max_attempts else {
             return Duration::MAX;
         };
-        let per_attempt = self
-            .delay
-            .saturating_add(self.jitter / 2)
-            .saturating_add(node_timeout);
-        let limit = per_attempt.saturating_mul(max);
+        let limit = self.attempts_time(max, node_timeout);
         self.deadline.map_or(limit, |d| limit.min(d))
     }
 

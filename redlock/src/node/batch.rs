@@ -295,12 +295,11 @@ impl RedisNode {
                     keys,
                     token,
                     ttl_ms,
-                    rearm,
-                    checked,
+                    ..
                 } => {
                     let kind = if *stamped {
                         "A"
-                    } else if self.plain_set_nx(false, keys.len(), *rearm || *checked) {
+                    } else if self.plain_set_nx(false, keys.len(), op.scripted()) {
                         "S"
                     } else {
                         "U"

@@ -869,10 +869,9 @@ impl RedisNode {
                 keys,
                 token,
                 ttl_ms,
-                rearm,
-                checked,
+                ..
             } => {
-                self.acquire(live, *stamped, keys, token, *ttl_ms, *rearm || *checked)
+                self.acquire(live, *stamped, keys, token, *ttl_ms, op.scripted())
                     .await
             }
             Op::Extend {

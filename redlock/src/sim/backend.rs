@@ -357,11 +357,10 @@ impl SimNode {
                 keys,
                 token,
                 ttl_ms,
-                rearm,
-                checked,
+                ..
             } => {
                 return self
-                    .acquire(live, *stamped, keys, token, *ttl_ms, *rearm || *checked)
+                    .acquire(live, *stamped, keys, token, *ttl_ms, op.scripted())
                     .await;
             }
             Op::Extend {
