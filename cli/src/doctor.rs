@@ -491,6 +491,7 @@ end
 try('SET', 'SET', KEYS[1], 'probe', 'NX', 'PX', 5000)
 try('GET', 'GET', KEYS[1])
 try('PEXPIRE', 'PEXPIRE', KEYS[1], 5000)
+try('PTTL', 'PTTL', KEYS[1])
 try('TIME', 'TIME')
 try('PUBLISH', 'PUBLISH', ARGV[1], '')
 local del = try('DEL', 'DEL', KEYS[1])
@@ -595,18 +596,8 @@ async fn check_acl(
     if let Err(e) = plain {
         failed(&mut denied, "SET NX PX", &e);
     }
-    // Native owner-checked commands of newer servers (used for a lone extend or release).
+    // Native owner-checked deletes of newer servers (used for a lone release).
     for (what, cmd) in [
-        ("SET IFEQ", {
-            let mut c = redis::cmd("SET");
-            c.arg(&key)
-                .arg("probe")
-                .arg("IFEQ")
-                .arg("probe")
-                .arg("PX")
-                .arg(5000);
-            c
-        }),
         ("DELEX", {
             let mut c = redis::cmd("DELEX");
             c.arg(&key).arg("IFEQ").arg("probe");

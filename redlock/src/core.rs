@@ -226,6 +226,10 @@ fn refused_somewhere(err: &Error) -> bool {
     }
 }
 
+/// The taker of a lock acquired with a token it was given: no client instance (their numbers
+/// start at 1), so that its release repeats the delete later.
+const HANDED_OVER: u64 = 0;
+
 /// The cleanup of an acquire attempt on `keys`: an owner-checked delete that publishes a
 /// wake-up on `channels`, or nothing with `None`.
 fn attempt_cleanup(keys: &Names, token: &Token, channels: Option<Arc<[String]>>) -> Arc<Op> {
@@ -564,7 +568,14 @@ impl<B: Backend> Core<B> {
             claims,
             granted: Some(granted),
             origin: Arc::clone(&self.origin),
-            taker: self.instance,
+            // A lock taken with a token it was given may have been handed over by another
+            // client, whose requests of that token (a renewal's repair of a key a node lost)
+            // can still be on their way on its own connections: its release repeats the delete
+            // later, like a release of another client's lock (see `release_parts`). Found in
+            // review: a repair sent before the old holder's `stop_renewal` landed after the new
+            // holder's release and put the key back for a whole TTL (test `renewal_attacks::
+            // a_repair_in_flight_at_a_handoff_does_not_outlive_the_release`).
+            taker: if rearm { HANDED_OVER } else { self.instance },
         })
     }
 

@@ -627,9 +627,12 @@ fn repair<B: Backend>(backend: &Arc<B>, node_timeout: Duration, held: &Arc<Held>
         checked: false,
     });
     // Handed over under the `done` lock: a release is either sent after the repair, on the
-    // same connections (so it deletes what the repair set), or the repair is not sent.
+    // same connections (so it deletes what the repair set), or the repair is not sent. Nor is
+    // it sent for a lease that ended (lost, expired, `max_hold`): the repair of a node answering
+    // after the quorum, read on by a task of its own, used to put a key back with a fresh TTL
+    // after `max_hold` fired (test `renewal_attacks::no_key_is_put_back_after_max_hold`).
     let done = held.done.lock().unwrap_or_else(PoisonError::into_inner);
-    if *done {
+    if *done || held.lost.is_cancelled() {
         return;
     }
     for &i in nodes {

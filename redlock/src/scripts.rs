@@ -21,6 +21,21 @@ impl LuaScript {
 /// connection was opened against (the data was lost, or another server answers).
 pub(crate) const IDENTITY_CHANGED: i64 = -2;
 
+/// `stretch(key, ttl)`: the owner-checked re-arm every script uses on a key that already holds
+/// the caller's token. It sets the key's expiry to `ttl` ms from now only when that is later
+/// than the expiry it has: a token can be held by more than one client (a lock handed over with
+/// `try_acquire_with_token`), and a renewal of the old holder still in flight when it stopped
+/// used to land after the new holder's re-arm and cut its keys back to the old, shorter TTL
+/// while the new holder counted on its own (test `renewal_attacks::a_renewal_landing_after_a_
+/// handoff_does_not_shorten_the_new_holders_keys`: a third client took the lock). A key that
+/// lives longer than its holder thinks is safe; one that lives shorter is two holders.
+/// (`PTTL` and a comparison rather than `PEXPIRE … GT`, which needs Redis 7.0.)
+const STRETCH: &str = r"
+local function stretch(key, ttl)
+  if redis.call('PTTL', key) < tonumber(ttl) then redis.call('PEXPIRE', key, ttl) end
+end
+";
+
 /// The identity check shared by both acquire scripts: `KEYS[1]` is the node's identity record,
 /// `ARGV[3]` the value it held when the connection was opened. Nothing is written otherwise.
 const IDENTITY_CHECK: &str = r"
@@ -82,13 +97,13 @@ return {v, now, server}
 /// in exponent form and lose precision; values stay far below 2^53.
 pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
     let source = format!(
-        "{IDENTITY_CHECK}{}",
+        "{IDENTITY_CHECK}{STRETCH}{}",
         r"
 local token, ttl = ARGV[1], ARGV[2]
 if #KEYS == 3 then
   if not redis.call('SET', KEYS[3], token, 'NX', 'PX', ttl) then
     if redis.call('GET', KEYS[3]) ~= token then return 0 end
-    redis.call('PEXPIRE', KEYS[3], ttl)
+    stretch(KEYS[3], ttl)
   end
 else
   for i = 3, #KEYS do
@@ -96,7 +111,7 @@ else
     if v and v ~= token then return 0 end
   end
   for i = 3, #KEYS do
-    redis.call('SET', KEYS[i], token, 'PX', ttl)
+    if not redis.call('SET', KEYS[i], token, 'NX', 'PX', ttl) then stretch(KEYS[i], ttl) end
   end
 end
 local t = redis.call('TIME')
@@ -120,7 +135,7 @@ return stamp
 /// `SET NX PX`.
 pub(crate) static ACQUIRE_UNSTAMPED: LazyLock<LuaScript> = LazyLock::new(|| {
     let source = format!(
-        "{IDENTITY_CHECK}{}",
+        "{IDENTITY_CHECK}{STRETCH}{}",
         r"
 local token = ARGV[1]
 for i = 2, #KEYS do
@@ -128,7 +143,7 @@ for i = 2, #KEYS do
   if v and v ~= token then return 0 end
 end
 for i = 2, #KEYS do
-  redis.call('SET', KEYS[i], token, 'PX', ARGV[2])
+  if not redis.call('SET', KEYS[i], token, 'NX', 'PX', ARGV[2]) then stretch(KEYS[i], ARGV[2]) end
 end
 return 1
 "
@@ -143,17 +158,19 @@ return 1
 /// failed extension leaves whatever is there in place, and an extension that races a release
 /// cannot bring the lock back.
 pub(crate) static EXTEND: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(
+    let source = format!(
+        "{STRETCH}{}",
         r"
 for i = 1, #KEYS do
   if redis.call('GET', KEYS[i]) ~= ARGV[1] then return 0 end
 end
 for i = 1, #KEYS do
-  redis.call('PEXPIRE', KEYS[i], ARGV[2])
+  stretch(KEYS[i], ARGV[2])
 end
 return 1
-",
-    )
+"
+    );
+    LuaScript::new(source.leak())
 });
 
 /// Batched renewal: many locks in one call. `KEYS` = the keys of every lock, concatenated;
@@ -171,7 +188,8 @@ return 1
 /// After the per-lock answers comes one more entry: how long the call ran on the server, in
 /// µs (`TIME` before and after), which paces the client's next renewal calls.
 pub(crate) static EXTEND_MANY: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(
+    let source = format!(
+        "{STRETCH}{}",
         r"
 local t0 = redis.call('TIME')
 local out = {}
@@ -193,7 +211,7 @@ for i = 1, #ARGV, 3 do
     end
   end
   if ok > 0 then
-    for j = k, k + n - 1 do redis.call('PEXPIRE', KEYS[j], ttl) end
+    for j = k, k + n - 1 do stretch(KEYS[j], ttl) end
   end
   out[#out + 1] = ok
   k = k + n
@@ -201,8 +219,9 @@ end
 local t1 = redis.call('TIME')
 out[#out + 1] = (tonumber(t1[1]) - tonumber(t0[1])) * 1000000 + tonumber(t1[2]) - tonumber(t0[2])
 return out
-",
-    )
+"
+    );
+    LuaScript::new(source.leak())
 });
 
 /// `KEYS` = resource keys; `ARGV[1]` = token, `ARGV[2]` = the release's wake-up id,
@@ -261,7 +280,8 @@ return {n, heard}
 /// answers go into one flat array (a nested one per release cost about 1 µs per lock on
 /// Redis 7.0). Measured in `docs/bench/bounds/batch_cost.py`.
 pub(crate) static BATCH: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(
+    let source = format!(
+        "{STRETCH}{}",
         r"
 local out, m = {}, 0
 local same, stamp = nil, nil
@@ -284,7 +304,7 @@ local function acquire(k, n, token, ttl)
   if n == 1 then
     if not redis.call('SET', KEYS[k], token, 'NX', 'PX', ttl) then
       if redis.call('GET', KEYS[k]) ~= token then return false end
-      redis.call('PEXPIRE', KEYS[k], ttl)
+      stretch(KEYS[k], ttl)
     end
     return true
   end
@@ -293,7 +313,7 @@ local function acquire(k, n, token, ttl)
     if v and v ~= token then return false end
   end
   for i = k, k + n - 1 do
-    redis.call('SET', KEYS[i], token, 'PX', ttl)
+    if not redis.call('SET', KEYS[i], token, 'NX', 'PX', ttl) then stretch(KEYS[i], ttl) end
   end
   return true
 end
@@ -313,7 +333,7 @@ local function run(kind, k, n, a)
       if redis.call('GET', KEYS[i]) ~= token then return 0 end
     end
     for i = k, k + n - 1 do
-      redis.call('PEXPIRE', KEYS[i], ARGV[a + 3])
+      stretch(KEYS[i], ARGV[a + 3])
     end
     return 1
   elseif kind == 'R' then
@@ -351,8 +371,9 @@ while a <= last do
 end
 if stamp then redis.call('SET', KEYS[2], string.format('%.0f', stamp)) end
 return out
-",
-    )
+"
+    );
+    LuaScript::new(source.leak())
 });
 
 /// Every script, in the order they are preloaded with `SCRIPT LOAD` on a new connection.

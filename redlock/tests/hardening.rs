@@ -721,7 +721,7 @@ async fn cancelled_callers_on_hot_keys_leave_nothing_behind() {
                     won += 1;
                     tokio::time::sleep(Duration::from_micros(rng.below(3_000))).await;
                     if rng.below(3) == 0 {
-                        // An extension (native SET IFEQ where the server has it), maybe cut short.
+                        // An extension, maybe cut short.
                         let cut = Duration::from_micros(rng.below(4_000));
                         let _ = tokio::time::timeout(cut, rl.extend(&mut lock)).await;
                     }

@@ -2,7 +2,8 @@
 //! a takeover hands back no validity through `stop_renewal`, one lock whose key became a hash
 //! does not fail the renewals batched with it (both failed before their fixes), a runtime
 //! stalled past the validity finds its lease lost on resume and leaves the rival's keys alone,
-//! and a repair waits out a restarted node's quarantine.
+//! a repair waits out a restarted node's quarantine, a renewal landing after a hand-off does not
+//! shorten the new holder's keys, and no repair follows a lease's end.
 
 mod common;
 
@@ -354,4 +355,202 @@ fn with_lock_reports_a_loss_during_work_that_never_awaits_again() {
             ),
         }
     });
+}
+
+async fn pttls(cluster: &Cluster, key: &str) -> Vec<i64> {
+    let mut out = Vec::new();
+    for i in 0..cluster.len() {
+        let mut c = cluster.node(i).connection().await.unwrap();
+        let pttl: i64 = redlock_testkit::redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        out.push(pttl);
+    }
+    out
+}
+
+/// A hand-off as docs/leases.md describes it: client A stops its guard (`stop_renewal`) and
+/// client B takes the lock over with A's token on a longer TTL. A renewal of A's still in flight
+/// (its links to two nodes stalled; the proxies deliver the held bytes once healed) lands after
+/// B's re-arm. Found in review: it cut B's keys back to A's 2 s TTL on a quorum while B's `Lock`
+/// went on reporting ~27 s of validity, and a third client took the lock 2.5 s later — two
+/// holders. An owner-checked extension, renewal or re-arm never shortens a key's expiry now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_landing_after_a_handoff_does_not_shorten_the_new_holders_keys() {
+    let cluster = Cluster::builder()
+        .nodes(3)
+        .proxied(true)
+        .start()
+        .await
+        .unwrap();
+    let key = "redlock:lock:job";
+    let a = builder(cluster.urls(), Duration::from_secs(2))
+        .renew_every(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    a.connect().await;
+    let direct: Vec<String> = cluster.nodes().iter().map(|n| n.url()).collect();
+    let b = builder(direct.clone(), Duration::from_secs(30))
+        .build()
+        .unwrap();
+    b.connect().await;
+    let c = builder(direct, Duration::from_secs(30)).build().unwrap();
+    c.connect().await;
+
+    let guard = a.guard(a.acquire("job").await.unwrap()).unwrap();
+    let token = guard.token().clone();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    for i in [0, 1] {
+        cluster.node(i).proxy().unwrap().blackhole();
+    }
+    // At least two renewal rounds are sent into the stalled links.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let a_lock = guard.stop_renewal();
+    let b_lock = b
+        .try_acquire_with_token(["job"], &token)
+        .await
+        .expect("B takes the lock over with the token");
+    let before = pttls(&cluster, key).await;
+    for i in [0, 1] {
+        cluster.node(i).proxy().unwrap().heal();
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after = pttls(&cluster, key).await;
+    drop(a_lock);
+    // Past A's 2 s TTL, B's lock still says it holds the lock ...
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let b_left = b_lock.remaining();
+    assert!(b_lock.is_valid(), "B's lock is valid by its own account");
+    // ... so nobody else may take it.
+    let rival = c.try_acquire("job").await;
+    let rival_got_it = rival.is_ok();
+    if let Ok(l) = rival {
+        let _ = c.release(l).await;
+    }
+    let _ = b.release(b_lock).await;
+    assert!(
+        !rival_got_it,
+        "a third client took the lock while B's lock reported {b_left:?} left (PTTL per node \
+         after B's re-arm {before:?}, after A's stalled renewal landed {after:?})"
+    );
+    assert!(
+        after.iter().filter(|&&t| t > 20_000).count() >= 2,
+        "A's stalled renewal shortened B's keys on a quorum: {before:?} -> {after:?}"
+    );
+}
+
+/// A lease that reached `max_hold` (renewal stops: there are no endless leases) is over, and
+/// nothing may put its keys back. The renewal's repair of a node that answers after the quorum
+/// (read on by a task of its own) looked only at `done`, which `max_hold` does not set: found in
+/// review, node 2's key came back with a fresh full TTL after the lease's signal fired (5 of 5
+/// runs). Node 2 is reached through the fault proxy, whose `blackhole` holds bytes until `heal`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_key_is_put_back_after_max_hold() {
+    let cluster = Cluster::builder()
+        .nodes(3)
+        .proxied(true)
+        .start()
+        .await
+        .unwrap();
+    let rl = Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(5))
+        .node_timeout(Duration::from_millis(200))
+        .renew_every(Duration::from_millis(30))
+        .max_hold(Duration::from_secs(1))
+        .retry(RetryPolicy::deadline(Duration::from_secs(5)))
+        .build()
+        .unwrap();
+    rl.connect().await;
+    let key = "redlock:lock:capped";
+    let guard = rl.guard(rl.acquire("capped").await.unwrap()).unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    // The link to node 2 stalls (nothing is lost, only held), then node 2 loses the key. From
+    // here on no answer of node 2 reaches the client before `heal`, so no repair is sent before.
+    cluster.node(2).proxy().unwrap().blackhole();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    common::del(&cluster, 2, key).await;
+    let reason = tokio::time::timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .expect("max_hold fires");
+    assert!(matches!(reason, LostReason::MaxHold), "{reason}");
+    // Nothing renews this lease any more. The link comes back.
+    cluster.node(2).proxy().unwrap().heal();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let left = pttls(&cluster, key).await;
+    let (on_0, on_2) = (left[0], left[2]);
+    drop(guard);
+    assert_eq!(
+        on_2, -2,
+        "node 2's key was put back after the lease hit max_hold (PTTL {on_2} ms on node 2, \
+         against {on_0} ms left on node 0 from the last renewal before max_hold)"
+    );
+}
+
+/// The hand-off docs/leases.md describes, with repairs in flight: client A guards a lock whose
+/// key node 2 lost (deleted behind the client's back; node 2 is 60 ms away from A each way), so
+/// A's renewals keep putting it back; A stops renewing (`stop_renewal`), and client B takes the
+/// lock over with its token and releases it. Found in review: repairs A had handed to node 2's
+/// connection before stopping landed after B's delete and re-created the key for a whole TTL
+/// (3 of 3 rounds). A lock taken with a given token now repeats its release's delete once the
+/// other client's requests must have landed (five node timeouts, then the delivery grace).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repair_in_flight_at_a_handoff_does_not_outlive_the_release() {
+    let cluster = Cluster::builder()
+        .nodes(3)
+        .proxied(true)
+        .start()
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(5);
+    let a = builder(cluster.urls(), ttl)
+        .renew_every(Duration::from_millis(30))
+        .build()
+        .unwrap();
+    a.connect().await;
+    let direct: Vec<String> = cluster.nodes().iter().map(|n| n.url()).collect();
+    let b = builder(direct, ttl).build().unwrap();
+    b.connect().await;
+    cluster
+        .node(2)
+        .proxy()
+        .unwrap()
+        .set_delay(Duration::from_millis(60), Duration::ZERO);
+    let key = "redlock:lock:handoff";
+    let mut leaked = Vec::new();
+    for round in 0..2 {
+        let guard = a.guard(a.acquire("handoff").await.unwrap()).unwrap();
+        let token = guard.token().clone();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        common::del(&cluster, 2, key).await;
+        // The first repair put the key back: later ones are on their way to node 2.
+        let repaired = common::eventually(Duration::from_secs(2), || async {
+            common::get(&cluster, 2, key).await.is_some()
+        })
+        .await;
+        assert!(repaired, "round {round}: no repair put node 2's key back");
+        let stopped = guard.stop_renewal();
+        let handed = b
+            .try_acquire_with_token(["handoff"], &token)
+            .await
+            .expect("B takes the lock over with its token");
+        b.release(handed).await.expect("B releases it");
+        // Past five of B's node timeouts (200 ms) and a margin: A's requests have landed and
+        // B's repeated delete has run.
+        tokio::time::sleep(Duration::from_millis(1400)).await;
+        let left = pttls(&cluster, key).await;
+        drop(stopped);
+        if left.iter().any(|&t| t != -2) {
+            leaked.push((round, left));
+        }
+        for i in 0..3 {
+            common::del(&cluster, i, key).await;
+        }
+    }
+    assert!(
+        leaked.is_empty(),
+        "keys left after B's release, per round (PTTL per node, -2 = none): {leaked:?}"
+    );
 }

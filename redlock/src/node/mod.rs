@@ -874,31 +874,6 @@ impl RedisNode {
                 self.acquire(live, *stamped, keys, token, *ttl_ms, op.scripted())
                     .await
             }
-            Op::Extend {
-                keys,
-                token,
-                ttl_ms,
-            } if keys.len() == 1 && live.native.set_if_equal => {
-                let t = token.expose();
-                let mut conn = live.conn.clone();
-                let set: redis::RedisResult<Option<String>> = redis::cmd("SET")
-                    .arg(&*keys[0])
-                    .arg(t)
-                    .arg("IFEQ")
-                    .arg(t)
-                    .arg("PX")
-                    .arg(*ttl_ms)
-                    .query_async(&mut conn)
-                    .await;
-                match set {
-                    Ok(Some(_)) => Ok(Reply::Yes {
-                        claim: None,
-                        heard: None,
-                    }),
-                    Ok(None) => Ok(Reply::No),
-                    Err(e) => Err(self.failed(&live, &e, t)),
-                }
-            }
             Op::Release {
                 keys,
                 token,

@@ -1,9 +1,13 @@
-//! Server-native conditional commands, used instead of a script where the server has them:
-//! an owner-checked extension as `SET key token IFEQ token PX ttl` (Valkey ≥ 8.1, Redis ≥ 8.4)
-//! and an owner-checked delete as `DELIFEQ key token` (Valkey ≥ 9.0) or
-//! `DELEX key IFEQ token` (Redis ≥ 8.4). Learned per node when its connection opens, from
-//! `HELLO`; a server that does not answer it (or an older one) gets the scripts, which do the
-//! same. Only a lone single-key request uses them: requests sent together go in one script call.
+//! Server-native conditional commands, used instead of a script where the server has them: an
+//! owner-checked delete as `DELIFEQ key token` (Valkey ≥ 9.0) or `DELEX key IFEQ token`
+//! (Redis ≥ 8.4). Learned per node when its connection opens, from `HELLO`; a server that does
+//! not answer it (or an older one) gets the scripts, which do the same. Only a lone single-key
+//! request uses them: requests sent together go in one script call.
+//!
+//! An extension stays a script everywhere: `SET key token IFEQ token PX ttl` (Valkey ≥ 8.1,
+//! Redis ≥ 8.4) sets the expiry whatever it was, and an owner-checked extension must never
+//! shorten a key's expiry (another client may hold the same token on a longer TTL after a
+//! hand-off; see `scripts::STRETCH`).
 
 use redis::Value;
 
@@ -19,8 +23,6 @@ pub(crate) enum DeleteIfEqual {
 /// What a node's server can do natively.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Native {
-    /// `SET … IFEQ`.
-    pub(crate) set_if_equal: bool,
     pub(crate) delete_if_equal: Option<DeleteIfEqual>,
 }
 
@@ -31,11 +33,9 @@ impl Native {
         let v = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
         match server {
             "valkey" => Native {
-                set_if_equal: v >= (8, 1),
                 delete_if_equal: (v >= (9, 0)).then_some(DeleteIfEqual::DelIfEq),
             },
             "redis" if v >= (8, 4) => Native {
-                set_if_equal: true,
                 delete_if_equal: Some(DeleteIfEqual::DelEx),
             },
             _ => Native::default(),
@@ -82,15 +82,11 @@ mod tests {
         assert_eq!(Native::of("redis", "7.0.15"), Native::default());
         assert_eq!(Native::of("redis", "8.2.1"), Native::default());
         let redis84 = Native::of("redis", "8.4.0");
-        assert!(redis84.set_if_equal);
         assert_eq!(redis84.delete_if_equal, Some(DeleteIfEqual::DelEx));
         let valkey8 = Native::of("valkey", "8.0.2");
         assert_eq!(valkey8, Native::default());
-        let valkey81 = Native::of("valkey", "8.1.0");
-        assert!(valkey81.set_if_equal);
-        assert_eq!(valkey81.delete_if_equal, None);
+        assert_eq!(Native::of("valkey", "8.1.0").delete_if_equal, None);
         let valkey9 = Native::of("valkey", "9.1.2");
-        assert!(valkey9.set_if_equal);
         assert_eq!(valkey9.delete_if_equal, Some(DeleteIfEqual::DelIfEq));
         assert_eq!(Native::of("keydb", "9.9.9"), Native::default());
         assert_eq!(Native::of("valkey", "garbage"), Native::default());
