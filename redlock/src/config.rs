@@ -169,7 +169,9 @@ pub struct RetryPolicy {
     /// delay) until `max_attempts × (delay + jitter/2 + node timeout)` (or the `deadline`, if
     /// sooner) has passed since the call began; after that they count like any other.
     pub max_attempts: Option<u32>,
-    /// No attempt starts after this much time since the call began. Default: none.
+    /// No attempt starts after this much time since the call began. A pause that would cross
+    /// it ends the call, unless a release notification can end it first: the waiter then waits
+    /// for one until the deadline. Default: none.
     pub deadline: Option<Duration>,
     /// Base delay between attempts. Default: [`DEFAULT_RETRY_DELAY`].
     pub delay: Duration,
@@ -272,6 +274,20 @@ impl RetryPolicy {
         self.deadline.map_or(limit, |d| limit.min(d))
     }
 
+    /// For a waiter woken early by release notifications, when [`next_delay`](Self::next_delay)
+    /// found no pause because it would cross the deadline: the time left until the deadline,
+    /// to wait for a release in (an attempt follows only a release heard; a pause that reaches
+    /// the deadline ends the call). `None` when the attempts are used up, the policy has no
+    /// deadline, or it has passed.
+    pub(crate) fn pause_cut_at_deadline(&self, attempts: u32, spent: Duration) -> Option<Duration> {
+        if self.max_attempts.is_some_and(|max| attempts >= max) {
+            return None;
+        }
+        self.deadline?
+            .checked_sub(spent)
+            .filter(|left| !left.is_zero())
+    }
+
     /// The pause before the next attempt, or `None` when the policy is used up.
     /// `attempts` = attempts made so far, `spent` = time since the call began.
     pub(crate) fn next_delay(
@@ -361,5 +377,21 @@ mod tests {
                 "{d:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_pause_cut_at_the_deadline_is_what_is_left_of_it() {
+        let ms = Duration::from_millis;
+        let wait = RetryPolicy::deadline(ms(3000)).with_delay(ms(5000), Duration::ZERO);
+        assert_eq!(wait.next_delay(1, ms(1), 0.5), None);
+        assert_eq!(wait.pause_cut_at_deadline(1, ms(1)), Some(ms(2999)));
+        assert_eq!(wait.pause_cut_at_deadline(1, ms(3000)), None);
+        assert_eq!(
+            RetryPolicy::attempts(3).pause_cut_at_deadline(1, ms(1)),
+            None
+        );
+        let both = RetryPolicy::attempts(2).with_deadline(ms(100));
+        assert_eq!(both.pause_cut_at_deadline(1, ms(10)), Some(ms(90)));
+        assert_eq!(both.pause_cut_at_deadline(2, ms(10)), None);
     }
 }

@@ -226,9 +226,33 @@ fn refused_somewhere(err: &Error) -> bool {
     }
 }
 
+/// A node that refused the attempt that failed with `err` and whose message of the last
+/// release heard on `interest`'s channel has not arrived.
+fn refused_unpublished(err: &Error, interest: &Interest) -> Option<usize> {
+    let nodes = match err {
+        Error::Busy { nodes, .. } | Error::QuorumUnreachable { nodes, .. } => nodes,
+        _ => return None,
+    };
+    nodes.iter().enumerate().find_map(|(i, r)| {
+        (matches!(r.outcome, NodeOutcome::Refused) && !interest.node_published(i)).then_some(i)
+    })
+}
+
 /// The taker of a lock acquired with a token it was given: no client instance (their numbers
 /// start at 1), so that its release repeats the delete later.
 const HANDED_OVER: u64 = 0;
+
+/// `err` with how the retries of an acquire that began at `started` ended, counted in the
+/// acquire telemetry.
+fn given_up(err: Error, attempts: u32, started: Instant, gave_up: GaveUp) -> Error {
+    let err = err.with_retries(Retries {
+        attempts,
+        waited: started.elapsed(),
+        gave_up,
+    });
+    telemetry::acquire_done(&Err(&err), attempts, started.elapsed());
+    err
+}
 
 /// The cleanup of an acquire attempt on `keys`: an owner-checked delete that publishes a
 /// wake-up on `channels`, or nothing with `None`.
@@ -642,7 +666,9 @@ impl<B: Backend> Core<B> {
             let channel = format!("{}{}", self.channel_prefix, resources[0]);
             if let Some(waiters) = self.waiters.as_ref().filter(|_| !policy.single_attempt()) {
                 match waiters.standing(&channel) {
-                    Standing::Listening => interest = Some(waiters.interest(&channel).await),
+                    Standing::Listening => {
+                        interest = Some(waiters.interest(&channel, deadline).await);
+                    }
                     // This client released the lock a moment ago while another client's waiter
                     // listened; it knew of that release first, and does not listen itself, so
                     // it would reach the nodes ahead of that waiter every time. It staggers
@@ -654,6 +680,9 @@ impl<B: Backend> Core<B> {
             // Quick retries left after split votes, granted by a release notification (see
             // below); a split vote without a release before it is waited out like a refusal.
             let mut quick_retries = 0u32;
+            // The last wait ended on a release heard (its split votes may be the release not
+            // having reached every node yet, see below).
+            let mut after_release = false;
             // Failed attempts whose requests to some nodes were still out (see below).
             let mut unanswered: Vec<engine::Unanswered> = Vec::new();
             // The wait for the first node's message of the release heard was skipped before
@@ -679,6 +708,7 @@ impl<B: Backend> Core<B> {
                     match outcome {
                         LocalHolder::Released { handed } => {
                             quick_retries = 3;
+                            after_release = true;
                             on_release = true;
                             // The attempt follows this wait, not an earlier stagger.
                             racing = false;
@@ -797,8 +827,22 @@ impl<B: Backend> Core<B> {
                     Err(e) => e,
                 };
                 let unit: f64 = crate::det::unit();
+                // A pause that would cross the deadline ends the call — unless a release can
+                // wake this waiter first: it then waits for one until the deadline, and gives up
+                // there if none came (`cut`). A `wait` shorter than the retry delay used to give
+                // up at the first refusal, 0.3 ms into a 3 s wait on a lock released 300 ms
+                // later (test `wait_attacks::a_wait_shorter_than_the_retry_delay_still_waits_
+                // for_a_release`).
+                let wakeable = self.waiters.is_some() && (interest.is_some() || refused_somewhere(&err));
+                let mut cut = false;
                 let pause = if err.is_retryable() && !last_attempt {
-                    policy.next_delay(counted, started.elapsed(), unit)
+                    policy.next_delay(counted, started.elapsed(), unit).or_else(|| {
+                        let left = policy
+                            .pause_cut_at_deadline(counted, started.elapsed())
+                            .filter(|_| wakeable);
+                        cut = left.is_some();
+                        left
+                    })
                 } else {
                     None
                 };
@@ -813,18 +857,21 @@ impl<B: Backend> Core<B> {
                     } else {
                         GaveUp::Deadline
                     };
-                    let err = err.with_retries(Retries {
-                        attempts,
-                        waited: started.elapsed(),
-                        gave_up,
-                    });
-                    telemetry::acquire_done(&Err(&err), attempts, started.elapsed());
-                    return Err(err);
+                    return Err(given_up(err, attempts, started, gave_up));
                 };
                 match (&self.waiters, refused_somewhere(&err), &interest) {
                     (Some(waiters), true, None) => {
-                        // Subscribe and retry at once: the holder may have left meanwhile.
-                        interest = Some(waiters.interest(&channel).await);
+                        // Subscribe and retry at once: the holder may have left meanwhile. The
+                        // subscription waits for confirmations at most until the deadline: it
+                        // used to wait its whole node timeout, and with a majority that accepts
+                        // connections but never answers, the retry after it started 1.8 s past
+                        // a 2.2 s deadline (test `wait_attacks::no_attempt_starts_after_the_
+                        // deadline_while_subscribing_to_hung_nodes`). No attempt follows a
+                        // subscription that reached the deadline.
+                        interest = Some(waiters.interest(&channel, deadline).await);
+                        if deadline.is_some_and(|d| Instant::now() >= d) {
+                            return Err(given_up(err, attempts, started, GaveUp::Deadline));
+                        }
                     }
                     (_, _, Some(i)) if notified.is_some() => {
                         // The first node refused a racing attempt made without the wait for its
@@ -873,6 +920,50 @@ impl<B: Backend> Core<B> {
                                 if *granted > 0
                         );
                         let quick = split && quick_retries > 0;
+                        // The quick retries of a release heard are used up, and a node that
+                        // refused the last attempt has not told of that release yet: it is still
+                        // on its way there (the release's deletes reach the nodes at different
+                        // times). Its message wakes nobody — only a release's first message
+                        // does — so the waiter used to sleep out its whole retry delay with the
+                        // lock free about 100 ms after the release (test `wait_attacks::a_
+                        // release_that_reaches_the_other_nodes_late_still_wakes_the_waiter`:
+                        // 4 s hand-offs). It waits for that node's message instead (at most a
+                        // node timeout, never past the pause or the deadline) and retries once
+                        // it came; each such retry needs another node's message of the release,
+                        // so a release allows at most one per node. The wait takes the place of
+                        // the pause (any message from the node ends it, a new release's too).
+                        if split
+                            && !quick
+                            && after_release
+                            && let Some(node) = refused_unpublished(&err, i)
+                        {
+                            let mut limit = pause;
+                            if let Some(deadline) = deadline {
+                                limit = limit.min(deadline.saturating_duration_since(Instant::now()));
+                            }
+                            match i.wait_for_node(node, limit).await {
+                                NodeWait::Arrived | NodeWait::Published => {
+                                    on_release = true;
+                                    racing = true;
+                                    continue;
+                                }
+                                NodeWait::TimedOut => {
+                                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                                        return Err(given_up(
+                                            err,
+                                            attempts,
+                                            started,
+                                            GaveUp::Deadline,
+                                        ));
+                                    }
+                                    // The pause was slept out: the next attempt counts.
+                                    after_release = false;
+                                    continue;
+                                }
+                                // The node is not subscribed: the wait below.
+                                NodeWait::Unheard => {}
+                            }
+                        }
                         let wait = if quick {
                             quick_retries -= 1;
                             let unit: f64 = crate::det::unit();
@@ -886,6 +977,10 @@ impl<B: Backend> Core<B> {
                             () = async { if let Some(w) = wake { w.await } } => true,
                             () = crate::timer::sleep(wait) => false,
                         };
+                        // A pause cut at the deadline that no release ended: the call is over.
+                        if cut && !woken && deadline.is_some_and(|d| Instant::now() >= d) {
+                            return Err(given_up(err, attempts, started, GaveUp::Deadline));
+                        }
                         // A local hand-off: the release was this client's, meant for this
                         // waiter, whose attempt reaches every node right behind the deletes.
                         let handed = woken && interest.as_ref().map(Interest::handoffs) != handoffs;
@@ -893,6 +988,7 @@ impl<B: Backend> Core<B> {
                         on_release = woken || quick;
                         if woken {
                             quick_retries = 3;
+                            after_release = true;
                         } else if quick {
                             // The split was a race against other clients' attempts, and so is
                             // its retry: through the first node, like theirs. Asking every node
@@ -900,6 +996,8 @@ impl<B: Backend> Core<B> {
                             // looks like a first node holding a stale key (see
                             // `PASS_OVER_REFUSED`).
                             racing = true;
+                        } else {
+                            after_release = false;
                         }
                         if woken && !handed && interest.as_ref().is_none_or(Interest::others_compete)
                         {
@@ -1241,7 +1339,7 @@ impl<B: Backend> Core<B> {
             {
                 // Subscribe, then probe again at once: the holder may have left meanwhile.
                 let channel = format!("{}{}", self.channel_prefix, resources[0]);
-                match tokio::time::timeout_at(deadline, waiters.interest(&channel)).await {
+                match tokio::time::timeout_at(deadline, waiters.interest(&channel, None)).await {
                     Ok(subscribed) => interest = Some(subscribed),
                     Err(_) => return Err(timed_out()),
                 }

@@ -653,11 +653,15 @@ impl Waiters {
         n - (n / 2 + 1) + 1
     }
 
-    /// Registers interest in `channel` and waits (bounded by the node timeout) until enough
-    /// nodes confirmed the subscription that every release reaches this client; the rest
-    /// subscribe in the background. Subscription failures are not errors: waiters then fall
-    /// back to their retry delay.
-    pub(crate) async fn interest(self: &Arc<Self>, channel: &str) -> Interest {
+    /// Registers interest in `channel` and waits (bounded by the node timeout, and by `until`
+    /// when given) until enough nodes confirmed the subscription that every release reaches
+    /// this client; the rest subscribe in the background. Subscription failures are not
+    /// errors: waiters then fall back to their retry delay.
+    pub(crate) async fn interest(
+        self: &Arc<Self>,
+        channel: &str,
+        until: Option<tokio::time::Instant>,
+    ) -> Interest {
         let now = tokio::time::Instant::now();
         let (notify, heard, changed) = {
             let mut state = lock(&self.shared.state);
@@ -697,7 +701,11 @@ impl Waiters {
         };
         self.run_tasks(changed);
         let needed = self.needed();
-        let _ = tokio::time::timeout(self.timeout, async {
+        let mut end = tokio::time::Instant::now() + self.timeout;
+        if let Some(until) = until {
+            end = end.min(until);
+        }
+        let _ = tokio::time::timeout_at(end, async {
             loop {
                 let changed = self.shared.changed.notified();
                 let mut changed = std::pin::pin!(changed);
@@ -1073,7 +1081,7 @@ mod tests {
     #[tokio::test]
     async fn a_release_wakes_once_however_many_nodes_publish_it() {
         let w = waiters();
-        let interest = w.interest("c").await;
+        let interest = w.interest("c", None).await;
         let first = |wake: Option<Wake>| {
             lock(&w.shared.state)
                 .channels
@@ -1118,7 +1126,7 @@ mod tests {
         let w = waiters();
         // Nobody of this client waits: a release hands nothing off.
         w.notify_local("c", Wake::random());
-        let interest = w.interest("c").await;
+        let interest = w.interest("c", None).await;
         w.notify_local("other", Wake::random());
         assert_eq!(interest.handoffs(), 0);
         let mut seen = Vec::new();
@@ -1137,14 +1145,14 @@ mod tests {
         drop(interest);
         // The waiter left: releases hand nothing off any more.
         w.notify_local("c", Wake::random());
-        let again = w.interest("c").await;
+        let again = w.interest("c", None).await;
         assert_eq!(again.handoffs(), 2 * streak);
     }
 
     #[tokio::test]
     async fn a_client_winning_more_than_its_share_of_races_is_held_back() {
         let w = waiters();
-        let interest = w.interest("c").await;
+        let interest = w.interest("c", None).await;
         // Nothing known of other clients yet, and no race won: no lead.
         assert!(interest.lead() == 0.0);
         // The node counted four subscribers besides this client's own (unconfirmed here).
@@ -1179,7 +1187,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_client_alone_on_a_lock_is_not_held_back_for_winning() {
         let w = waiters();
-        let interest = w.interest("c").await;
+        let interest = w.interest("c", None).await;
         // An idle client is subscribed: the node counts it.
         w.release_heard(&["c".to_owned()], &[Some(1)]);
         for _ in 0..60 {

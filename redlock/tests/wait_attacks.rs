@@ -1,6 +1,8 @@
 //! Attacks on waiting and cancellation: acquires dropped at many points with a slow node, a
 //! queued waiter dropped while others of its client wait, many waiters of several clients on
-//! one key, and the subscription connections broken while tasks wait. Real redis-server
+//! one key, the subscription connections broken while tasks wait, a deadline that passes while
+//! the waiter subscribes, a release that reaches all but the first node late, and a wait
+//! shorter than the retry delay. Real redis-server
 //! processes through `redlock_testkit`, loopback only, each wait bounded.
 
 mod common;
@@ -301,4 +303,212 @@ async fn waiters_get_a_lock_released_while_their_subscriptions_break() {
             "round {round}: the last waiter got the lock {last:?} after the release"
         );
     }
+}
+
+/// Script calls (`EVALSHA` and `EVAL`) node `i` ran so far: each acquire attempt sends one to
+/// every node it asks (a non-racing attempt asks every node at once).
+async fn script_calls(cluster: &Cluster, i: usize) -> u64 {
+    let node = cluster.node(i);
+    node.command_calls("evalsha").await + node.command_calls("eval").await
+}
+
+/// `RetryPolicy::deadline`: "No attempt starts after this much time since the call began."
+/// Found in review (2026-12-05): the call below returned after 6.0 s with a second attempt
+/// started about 4 s in, 1.8 s past its 2.2 s deadline.
+///
+/// Three nodes; a holder takes the lock, then nodes 1 and 2 hang (SIGSTOP). The waiter's first
+/// attempt is refused by node 0 and times out on the others (QuorumUnreachable with a
+/// refusal) at its node timeout (2 s), before its 2.2 s deadline, so it subscribes to the
+/// release channel and retries. The subscription waits for confirmations that the hung nodes
+/// cannot give, for the interest timeout (the node timeout, 2 s) — not bounded by the
+/// deadline — and the retry then starts about 1.8 s after the deadline. Node 0, healthy,
+/// receives every attempt the moment it starts, so its script calls tell when attempts start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_attempt_starts_after_the_deadline_while_subscribing_to_hung_nodes() {
+    let cluster = Cluster::start(3).await.expect("cluster");
+    let holder = common::client(cluster.urls(), Duration::from_secs(60));
+    let lock = holder.acquire("deadline").await.expect("holder");
+    let node_timeout = Duration::from_secs(2);
+    let deadline = Duration::from_millis(2200);
+    let waiter = Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(60))
+        .node_timeout(node_timeout)
+        .connect_timeout(Duration::from_secs(5))
+        .retry(
+            RetryPolicy::deadline(deadline).with_delay(Duration::from_millis(10), Duration::ZERO),
+        )
+        .build()
+        .expect("waiter");
+    waiter.connect().await;
+    cluster.node(1).pause();
+    cluster.node(2).pause();
+    let before = script_calls(&cluster, 0).await;
+    let started = Instant::now();
+    let task = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { waiter.acquire("deadline").await })
+    };
+    // Well past the deadline: any attempt starting from here on breaks the policy.
+    let check = deadline + Duration::from_secs(1);
+    tokio::time::sleep(check).await;
+    let at_check = script_calls(&cluster, 0).await;
+    let got = tokio::time::timeout(Duration::from_secs(25), task).await;
+    let took = started.elapsed();
+    let after = script_calls(&cluster, 0).await;
+    cluster.node(1).resume();
+    cluster.node(2).resume();
+    let got = got
+        .expect("the acquire returned within 25 s")
+        .expect("task");
+    let _ = holder.release(lock).await;
+    println!(
+        "acquire returned after {took:?}: {:?}; attempts seen on node 0: {} by {check:?}, {} in all",
+        got.as_ref().map(|_| ()).map_err(|e| e.retries().cloned()),
+        at_check - before,
+        after - before
+    );
+    assert!(got.is_err(), "the lock is held: the acquire must fail");
+    assert_eq!(
+        after,
+        at_check,
+        "{} attempt(s) started more than {:?} after the start of a call whose deadline is \
+         {deadline:?} (the call returned after {took:?})",
+        after - at_check,
+        check
+    );
+}
+
+/// A release that reaches the resource's first node ahead of the other nodes (the holder's
+/// links to those two are 100 ms slower than to the first node; the waiter's are all fast).
+/// The waiter is woken by the first node's message, races through it (granted there) and is
+/// refused by the two nodes the release has not reached yet: a split vote, retried at most
+/// three times within a few round trips. The two slow nodes then delete the key and publish
+/// the same release, but a release's later messages wake nobody, so the waiter sleeps out its
+/// whole retry delay (4 s) with the lock free since about 100 ms after the release. Found in
+/// review (2026-12-05): hand-offs of 4.01 s in 3 of 3 runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_reaches_the_other_nodes_late_still_wakes_the_waiter() {
+    use redlock_testkit::FaultProxy;
+    const RETRY_DELAY: Duration = Duration::from_secs(4);
+    let cluster = Cluster::start(3).await.expect("cluster");
+    let mut links = Vec::new();
+    for node in cluster.nodes() {
+        links.push(FaultProxy::start(node.addr()).await.expect("proxy"));
+    }
+    let holder = Redlock::builder()
+        .nodes(links.iter().map(FaultProxy::url).collect::<Vec<_>>())
+        .ttl(Duration::from_secs(60))
+        .node_timeout(Duration::from_secs(1))
+        .retry(RetryPolicy::deadline(Duration::from_secs(10)))
+        .build()
+        .expect("holder");
+    let direct: Vec<String> = cluster.nodes().iter().map(|n| n.url()).collect();
+    let waiter = Redlock::builder()
+        .nodes(direct)
+        .ttl(Duration::from_secs(60))
+        .node_timeout(Duration::from_millis(50))
+        .retry(
+            RetryPolicy::deadline(Duration::from_secs(20)).with_delay(RETRY_DELAY, Duration::ZERO),
+        )
+        .build()
+        .expect("waiter");
+    holder.connect().await;
+    waiter.connect().await;
+    for round in 0..2 {
+        let key = format!("late-elsewhere-{round}");
+        let first = waiter.first_node(&key).expect("a first node");
+        let lock = holder.acquire(&key).await.expect("holder acquires");
+        let task = {
+            let (waiter, key) = (waiter.clone(), key.clone());
+            tokio::spawn(async move {
+                let got = waiter.acquire(&key).await;
+                (Instant::now(), got)
+            })
+        };
+        let channel = format!("{}release:{key}", redlock::DEFAULT_KEY_PREFIX);
+        let subscribed = common::eventually(Duration::from_secs(5), || async {
+            common::subscribed_nodes(&cluster, &channel).await == 3
+        })
+        .await;
+        assert!(subscribed, "round {round}: the waiter did not subscribe");
+        // Its attempt after subscribing has been refused by now: it waits for a release.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for (i, link) in links.iter().enumerate() {
+            if i != first {
+                link.set_delay(Duration::from_millis(100), Duration::ZERO);
+            }
+        }
+        let released = Instant::now();
+        holder.release(lock).await.expect("holder releases");
+        for link in &links {
+            link.heal();
+        }
+        let (acquired, got) = tokio::time::timeout(Duration::from_secs(15), task)
+            .await
+            .expect("the waiter returned within 15 s")
+            .expect("task");
+        let lock = got.expect("the waiter acquires");
+        let handoff = acquired.saturating_duration_since(released);
+        println!("round {round}: first node {first}, hand-off {handoff:?}");
+        waiter.release(lock).await.expect("waiter releases");
+        assert!(
+            handoff < RETRY_DELAY / 2,
+            "round {round}: the hand-off took {handoff:?} (retry delay {RETRY_DELAY:?}): the \
+             waiter slept out its retry delay with the lock free"
+        );
+    }
+}
+
+/// `LockRequest::wait`: "attempts go on, woken early by release notifications, until this much
+/// time has passed since the call began". A client whose retry delay (5 s) is longer than the
+/// request's wait (3 s) gives up right after its first refusal (about a millisecond into the
+/// call, `GaveUp::Deadline`): the pause after a refusal is computed as if it were slept out,
+/// and a pause that would cross the deadline ends the call, so the waiter never subscribes and
+/// never hears the release that comes 300 ms later. Found in review (2026-12-05): it gave up
+/// after 1 attempt, 0.3 ms into the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_shorter_than_the_retry_delay_still_waits_for_a_release() {
+    let cluster = Cluster::start(3).await.expect("cluster");
+    let holder = common::client(cluster.urls(), Duration::from_secs(60));
+    let waiter = Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(60))
+        .retry(RetryPolicy::attempts(10).with_delay(Duration::from_secs(5), Duration::ZERO))
+        .build()
+        .expect("waiter");
+    holder.connect().await;
+    waiter.connect().await;
+    let lock = holder.acquire("short-wait").await.expect("holder");
+    let started = Instant::now();
+    let task = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move {
+            waiter
+                .lock("short-wait")
+                .wait(Duration::from_secs(3))
+                .acquire()
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    holder.release(lock).await.expect("holder releases");
+    let got = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("returned within 10 s")
+        .expect("task");
+    let took = started.elapsed();
+    println!(
+        "after {took:?}: {:?}",
+        got.as_ref()
+            .map(|_| ())
+            .map_err(|e| (e.to_string(), e.retries().cloned()))
+    );
+    let lock = got.unwrap_or_else(|e| {
+        panic!(
+            "a 3 s wait on a lock released after 300 ms failed: {e} ({:?})",
+            e.retries()
+        )
+    });
+    waiter.release(lock).await.expect("waiter releases");
 }
