@@ -238,10 +238,6 @@ fn refused_unpublished(err: &Error, interest: &Interest) -> Option<usize> {
     })
 }
 
-/// The taker of a lock acquired with a token it was given: no client instance (their numbers
-/// start at 1), so that its release repeats the delete later.
-const HANDED_OVER: u64 = 0;
-
 /// `err` with how the retries of an acquire that began at `started` ended, counted in the
 /// acquire telemetry.
 fn given_up(err: Error, attempts: u32, started: Instant, gave_up: GaveUp) -> Error {
@@ -592,14 +588,7 @@ impl<B: Backend> Core<B> {
             claims,
             granted: Some(granted),
             origin: Arc::clone(&self.origin),
-            // A lock taken with a token it was given may have been handed over by another
-            // client, whose requests of that token (a renewal's repair of a key a node lost)
-            // can still be on their way on its own connections: its release repeats the delete
-            // later, like a release of another client's lock (see `release_parts`). Found in
-            // review: a repair sent before the old holder's `stop_renewal` landed after the new
-            // holder's release and put the key back for a whole TTL (test `renewal_attacks::
-            // a_repair_in_flight_at_a_handoff_does_not_outlive_the_release`).
-            taker: if rearm { HANDED_OVER } else { self.instance },
+            taker: self.instance,
         })
     }
 
@@ -833,7 +822,7 @@ impl<B: Backend> Core<B> {
                 // up at the first refusal, 0.3 ms into a 3 s wait on a lock released 300 ms
                 // later (test `wait_attacks::a_wait_shorter_than_the_retry_delay_still_waits_
                 // for_a_release`).
-                let wakeable = self.waiters.is_some() && (interest.is_some() || refused_somewhere(&err));
+                let wakeable = self.waiters.is_some() && refused_somewhere(&err);
                 let mut cut = false;
                 let pause = if err.is_retryable() && !last_attempt {
                     policy.next_delay(counted, started.elapsed(), unit).or_else(|| {
@@ -896,7 +885,8 @@ impl<B: Backend> Core<B> {
                                         .await;
                                     true
                                 }
-                                NodeWait::TimedOut => false,
+                                // Not returned by this wait.
+                                NodeWait::TimedOut | NodeWait::NewRelease => false,
                             };
                             if retry {
                                 quick_retries -= 1;
@@ -941,9 +931,17 @@ impl<B: Backend> Core<B> {
                             if let Some(deadline) = deadline {
                                 limit = limit.min(deadline.saturating_duration_since(Instant::now()));
                             }
-                            match i.wait_for_node(node, limit).await {
+                            match i.wait_for_node_or_release(node, limit).await {
                                 NodeWait::Arrived | NodeWait::Published => {
                                     on_release = true;
+                                    racing = true;
+                                    continue;
+                                }
+                                // Another release: its attempt is staggered like any other.
+                                NodeWait::NewRelease => {
+                                    quick_retries = 3;
+                                    on_release = true;
+                                    stagger(round_trip, i.lead(), deadline).await;
                                     racing = true;
                                     continue;
                                 }

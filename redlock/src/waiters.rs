@@ -207,6 +207,8 @@ pub(crate) enum NodeWait {
     Arrived,
     /// The limit ran out first.
     TimedOut,
+    /// Another release was heard first (only from [`Interest::wait_for_node_or_release`]).
+    NewRelease,
 }
 
 /// Where a client stands on a lock's channel before its first attempt (see
@@ -390,14 +392,36 @@ impl Interest {
     /// ([`NodeWait::Published`]), or when the node is not subscribed: its message would never
     /// come ([`NodeWait::Unheard`]).
     pub(crate) async fn wait_for_node(&self, node: usize, limit: Duration) -> NodeWait {
+        self.wait_node(node, limit, false).await
+    }
+
+    /// [`wait_for_node`](Self::wait_for_node) that also ends when another release is heard on
+    /// the channel ([`NodeWait::NewRelease`]): a waiter waiting for one node's message of a
+    /// release in place of its pause must not miss the next release (the node may never
+    /// publish this one: its delete found nothing, say).
+    pub(crate) async fn wait_for_node_or_release(&self, node: usize, limit: Duration) -> NodeWait {
+        self.wait_node(node, limit, true).await
+    }
+
+    async fn wait_node(&self, node: usize, limit: Duration, or_release: bool) -> NodeWait {
         let deadline = crate::lock::far_after(tokio::time::Instant::now(), limit);
         let mut waited = false;
+        let latest = |state: &State| {
+            state
+                .channels
+                .get(&self.channel)
+                .and_then(|c| c.recent.back().map(|(w, _)| *w))
+        };
+        let before = latest(&lock(&self.waiters.shared.state));
         loop {
             let heard = self.heard.notified();
             let mut heard = std::pin::pin!(heard);
             heard.as_mut().enable();
             {
                 let state = lock(&self.waiters.shared.state);
+                if or_release && latest(&state) != before {
+                    return NodeWait::NewRelease;
+                }
                 let subscribed = state
                     .nodes
                     .get(node)
