@@ -189,11 +189,8 @@ async fn stagger(round_trip: Duration, lead: f64, deadline: Option<Instant>) {
     telemetry::stagger(holdback);
     let unit: f64 = crate::det::unit();
     let range = (round_trip * 2).max(STAGGER_MIN);
-    let mut pause = range.mul_f64(unit + holdback);
-    if let Some(deadline) = deadline {
-        pause = pause.min(deadline.saturating_duration_since(Instant::now()));
-    }
-    crate::timer::sleep(pause).await;
+    let pause = range.mul_f64(unit + holdback);
+    crate::timer::sleep(until_deadline(pause, deadline)).await;
 }
 
 /// Stagger ranges added per share of the races won beyond a fair one: a client that won a
@@ -229,13 +226,21 @@ fn refused_somewhere(err: &Error) -> bool {
 /// A node that refused the attempt that failed with `err` and whose message of the last
 /// release heard on `interest`'s channel has not arrived.
 fn refused_unpublished(err: &Error, interest: &Interest) -> Option<usize> {
-    let nodes = match err {
-        Error::Busy { nodes, .. } | Error::QuorumUnreachable { nodes, .. } => nodes,
-        _ => return None,
-    };
-    nodes.iter().enumerate().find_map(|(i, r)| {
+    err.nodes().iter().enumerate().find_map(|(i, r)| {
         (matches!(r.outcome, NodeOutcome::Refused) && !interest.node_published(i)).then_some(i)
     })
+}
+
+/// `limit`, cut to what is left until the retry policy's `deadline` (no attempt starts after it).
+fn until_deadline(limit: Duration, deadline: Option<Instant>) -> Duration {
+    deadline.map_or(limit, |d| {
+        limit.min(d.saturating_duration_since(Instant::now()))
+    })
+}
+
+/// Whether the retry policy's `deadline` has passed.
+fn passed(deadline: Option<Instant>) -> bool {
+    deadline.is_some_and(|d| Instant::now() >= d)
 }
 
 /// `err` with how the retries of an acquire that began at `started` ended, counted in the
@@ -858,7 +863,7 @@ impl<B: Backend> Core<B> {
                         // deadline_while_subscribing_to_hung_nodes`). No attempt follows a
                         // subscription that reached the deadline.
                         interest = Some(waiters.interest(&channel, deadline).await);
-                        if deadline.is_some_and(|d| Instant::now() >= d) {
+                        if passed(deadline) {
                             return Err(given_up(err, attempts, started, GaveUp::Deadline));
                         }
                     }
@@ -917,8 +922,8 @@ impl<B: Backend> Core<B> {
                         // does — so the waiter used to sleep out its whole retry delay with the
                         // lock free about 100 ms after the release (test `wait_attacks::a_
                         // release_that_reaches_the_other_nodes_late_still_wakes_the_waiter`:
-                        // 4 s hand-offs). It waits for that node's message instead (at most a
-                        // node timeout, never past the pause or the deadline) and retries once
+                        // 4 s hand-offs). It waits for that node's message instead (never past
+                        // the pause or the deadline) and retries once
                         // it came; each such retry needs another node's message of the release,
                         // so a release allows at most one per node. The wait takes the place of
                         // the pause (any message from the node ends it, a new release's too).
@@ -927,10 +932,7 @@ impl<B: Backend> Core<B> {
                             && after_release
                             && let Some(node) = refused_unpublished(&err, i)
                         {
-                            let mut limit = pause;
-                            if let Some(deadline) = deadline {
-                                limit = limit.min(deadline.saturating_duration_since(Instant::now()));
-                            }
+                            let limit = until_deadline(pause, deadline);
                             match i.wait_for_node_or_release(node, limit).await {
                                 NodeWait::Arrived | NodeWait::Published => {
                                     on_release = true;
@@ -946,7 +948,7 @@ impl<B: Backend> Core<B> {
                                     continue;
                                 }
                                 NodeWait::TimedOut => {
-                                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                                    if passed(deadline) {
                                         return Err(given_up(
                                             err,
                                             attempts,
@@ -976,7 +978,7 @@ impl<B: Backend> Core<B> {
                             () = crate::timer::sleep(wait) => false,
                         };
                         // A pause cut at the deadline that no release ended: the call is over.
-                        if cut && !woken && deadline.is_some_and(|d| Instant::now() >= d) {
+                        if cut && !woken && passed(deadline) {
                             return Err(given_up(err, attempts, started, GaveUp::Deadline));
                         }
                         // A local hand-off: the release was this client's, meant for this
@@ -1057,10 +1059,7 @@ impl<B: Backend> Core<B> {
         let Some(node) = self.first_node_index(resource) else {
             return NodeWait::Published;
         };
-        let mut limit = self.config.node_timeout;
-        if let Some(deadline) = deadline {
-            limit = limit.min(deadline.saturating_duration_since(Instant::now()));
-        }
+        let limit = until_deadline(self.config.node_timeout, deadline);
         interest.wait_for_node(node, limit).await
     }
 

@@ -17,22 +17,6 @@ fn client(cluster: &Cluster, ttl: Duration) -> redlock::RedlockBuilder {
         .retry(RetryPolicy::deadline(Duration::from_secs(5)))
 }
 
-/// PTTL of `key` on every node (−2 = missing).
-async fn pttls(cluster: &Cluster, key: &str) -> Vec<i64> {
-    let mut out = Vec::new();
-    for node in cluster.nodes() {
-        let mut c = node.connection().await.expect("direct connection");
-        out.push(
-            redis::cmd("PTTL")
-                .arg(key)
-                .query_async(&mut c)
-                .await
-                .expect("PTTL"),
-        );
-    }
-    out
-}
-
 /// After `stop_renewal` the keys stay (dropping the returned lock deletes nothing), their PTTL
 /// only counts down — no renewal re-arms them — and they are gone once the TTL has run out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -59,12 +43,12 @@ async fn stop_renewal_leaves_the_key_counting_down() {
 
     // A renewal already in flight may still land: start reading a little later.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let mut last = pttls(&cluster, "redlock:lock:cron:slot").await;
+    let mut last = common::pttls(&cluster, "redlock:lock:cron:slot").await;
     assert!(last.iter().all(|p| *p > 0), "keys gone at once: {last:?}");
     let started = Instant::now();
     while started.elapsed() < Duration::from_millis(500) {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let now = pttls(&cluster, "redlock:lock:cron:slot").await;
+        let now = common::pttls(&cluster, "redlock:lock:cron:slot").await;
         for (before, after) in last.iter().zip(&now) {
             assert!(
                 *after == -2 || after <= before,
@@ -114,7 +98,7 @@ async fn no_max_hold_keeps_renewing_past_the_limit() {
 
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!free.is_lost(), "{:?}", free.reason());
-    for pttl in pttls(&cluster, "redlock:lock:free").await {
+    for pttl in common::pttls(&cluster, "redlock:lock:free").await {
         assert!((1..=600).contains(&pttl), "PTTL {pttl}");
     }
     free.release().await.unwrap();

@@ -357,20 +357,6 @@ fn with_lock_reports_a_loss_during_work_that_never_awaits_again() {
     });
 }
 
-async fn pttls(cluster: &Cluster, key: &str) -> Vec<i64> {
-    let mut out = Vec::new();
-    for i in 0..cluster.len() {
-        let mut c = cluster.node(i).connection().await.unwrap();
-        let pttl: i64 = redlock_testkit::redis::cmd("PTTL")
-            .arg(key)
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        out.push(pttl);
-    }
-    out
-}
-
 /// A hand-off as docs/leases.md describes it: client A stops its guard (`stop_renewal`) and
 /// client B takes the lock over with A's token on a longer TTL. A renewal of A's still in flight
 /// (its links to two nodes stalled; the proxies deliver the held bytes once healed) lands after
@@ -412,12 +398,12 @@ async fn a_renewal_landing_after_a_handoff_does_not_shorten_the_new_holders_keys
         .try_acquire_with_token(["job"], &token)
         .await
         .expect("B takes the lock over with the token");
-    let before = pttls(&cluster, key).await;
+    let before = common::pttls(&cluster, key).await;
     for i in [0, 1] {
         cluster.node(i).proxy().unwrap().heal();
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let after = pttls(&cluster, key).await;
+    let after = common::pttls(&cluster, key).await;
     drop(a_lock);
     // Past A's 2 s TTL, B's lock still says it holds the lock ...
     tokio::time::sleep(Duration::from_millis(2500)).await;
@@ -479,7 +465,7 @@ async fn no_key_is_put_back_after_max_hold() {
     // Nothing renews this lease any more. The link comes back.
     cluster.node(2).proxy().unwrap().heal();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let left = pttls(&cluster, key).await;
+    let left = common::pttls(&cluster, key).await;
     let (on_0, on_2) = (left[0], left[2]);
     drop(guard);
     assert_eq!(
@@ -543,7 +529,7 @@ async fn a_repair_in_flight_at_a_handoff_does_not_outlive_the_release() {
         // Past five of B's node timeouts (200 ms) and a margin: A's requests have landed and
         // B's repeated delete has run.
         tokio::time::sleep(Duration::from_millis(1400)).await;
-        let left = pttls(&cluster, key).await;
+        let left = common::pttls(&cluster, key).await;
         drop(stopped);
         if left.iter().any(|&t| t != -2) {
             leaked.push((round, left));
@@ -582,7 +568,7 @@ async fn a_token_taken_again_after_its_release_keeps_its_keys() {
     }
     // Past five node timeouts (200 ms) and the delivery grace (1 s).
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let left = pttls(&cluster, "redlock:lock:again").await;
+    let left = common::pttls(&cluster, "redlock:lock:again").await;
     let lock = lock.unwrap();
     assert!(lock.is_valid());
     let stolen = rival.try_acquire("again").await;

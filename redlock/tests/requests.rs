@@ -23,21 +23,11 @@ fn client(cluster: &Cluster, ttl: Duration) -> redlock::RedlockBuilder {
         )
 }
 
-/// PTTL of `key` on every node (−2 = missing).
 /// The PTTL of `key` on the nodes that hold it, after checking that a quorum of the three
 /// holds it. A request decides at its quorum, so the third node's write may land a moment after
 /// the call returns: its reading may still be -2 (no key).
 async fn pttls(cluster: &Cluster, key: &str) -> Vec<i64> {
-    let mut out = Vec::new();
-    for node in cluster.nodes() {
-        let mut c = node.connection().await.expect("direct connection");
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(key)
-            .query_async(&mut c)
-            .await
-            .expect("PTTL");
-        out.push(pttl);
-    }
+    let out = common::pttls(cluster, key).await;
     let held: Vec<i64> = out.iter().copied().filter(|p| *p != -2).collect();
     assert!(
         held.len() >= 2,

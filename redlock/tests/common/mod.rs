@@ -56,6 +56,21 @@ pub async fn set(cluster: &Cluster, i: usize, key: &str, value: &str) {
 }
 
 /// Deletes `key` on node `i` directly.
+/// `PTTL` of `key` on every node, in node order (−2 = no such key, −1 = no expiry).
+pub async fn pttls(cluster: &Cluster, key: &str) -> Vec<i64> {
+    let mut out = Vec::new();
+    for node in cluster.nodes() {
+        let mut c = node.connection().await.expect("direct connection");
+        let pttl: i64 = redlock_testkit::redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut c)
+            .await
+            .expect("PTTL");
+        out.push(pttl);
+    }
+    out
+}
+
 pub async fn del(cluster: &Cluster, i: usize, key: &str) {
     let mut c = cluster
         .node(i)
