@@ -1,8 +1,9 @@
 //! Attacks on waiting and cancellation: acquires dropped at many points with a slow node, a
 //! queued waiter dropped while others of its client wait, many waiters of several clients on
 //! one key, the subscription connections broken while tasks wait, a deadline that passes while
-//! the waiter subscribes, a release that reaches all but the first node late, and a wait
-//! shorter than the retry delay. Real redis-server
+//! the waiter subscribes, a release that reaches all but the first node late, a wait
+//! shorter than the retry delay, a node that never tells of a release while the next one
+//! comes, and a wait with a majority down. Real redis-server
 //! processes through `redlock_testkit`, loopback only, each wait bounded.
 
 mod common;
@@ -511,4 +512,115 @@ async fn a_wait_shorter_than_the_retry_delay_still_waits_for_a_release() {
         )
     });
     waiter.release(lock).await.expect("waiter releases");
+}
+
+/// A waiter whose quick retries after a release are used up, with a refusing node that has not
+/// told of that release, waits for that node's message in place of its pause. A node whose
+/// delete found nothing never sends one, so the wait must also end on the next release heard.
+/// Found in review (2026-12-05) and fixed then without a test; this test failed against the
+/// fix reverted: the hand-off took the rest of the 4 s retry delay.
+///
+/// Three nodes; keys of another client (written directly) on the two nodes that are not the
+/// waiter's first node, so every attempt wins the first node only (a split vote). A first
+/// release is published by the first node alone: the waiter wakes, its quick retries are
+/// split again, and it waits for a refusing node's message of that release, which never
+/// comes. The other client's keys then go without a message, and a second release is heard on
+/// the first node: the waiter must take the lock at once, not when its pause runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_release_ends_the_wait_for_a_node_that_never_tells_of_the_last_one() {
+    const RETRY_DELAY: Duration = Duration::from_secs(4);
+    let cluster = Cluster::start(3).await.expect("cluster");
+    let waiter = client(
+        cluster.urls(),
+        RetryPolicy::deadline(Duration::from_secs(20)).with_delay(RETRY_DELAY, Duration::ZERO),
+    );
+    waiter.connect().await;
+    let key = "never-told";
+    let stored = format!("{}lock:{key}", redlock::DEFAULT_KEY_PREFIX);
+    let channel = format!("{}release:{key}", redlock::DEFAULT_KEY_PREFIX);
+    let first = waiter.first_node(key).expect("a first node");
+    let others: Vec<usize> = (0..cluster.len()).filter(|&i| i != first).collect();
+    for &i in &others {
+        common::set(&cluster, i, &stored, "someone-else").await;
+    }
+    let task = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move {
+            let got = waiter.acquire(key).await;
+            (Instant::now(), got)
+        })
+    };
+    let subscribed = common::eventually(Duration::from_secs(5), || async {
+        common::subscribed_nodes(&cluster, &channel).await == 3
+    })
+    .await;
+    assert!(subscribed, "the waiter did not subscribe");
+    // Its attempt after subscribing has been refused by now: it waits for a release.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = script_calls(&cluster, first).await;
+    common::publish(&cluster, first, &channel, "a1").await;
+    // The wake-up and the quick retries after it: a few attempts within milliseconds.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let woken = script_calls(&cluster, first).await - before;
+    assert!(
+        woken >= 2,
+        "the first release woke the waiter into {woken} script calls on its first node"
+    );
+    for &i in &others {
+        common::del(&cluster, i, &stored).await;
+    }
+    let released = Instant::now();
+    common::publish(&cluster, first, &channel, "b2").await;
+    let (acquired, got) = tokio::time::timeout(Duration::from_secs(15), task)
+        .await
+        .expect("the waiter returned within 15 s")
+        .expect("task");
+    let lock = got.expect("the waiter acquires");
+    let handoff = acquired.saturating_duration_since(released);
+    println!(
+        "first node {first}, {woken} script calls after the first release, hand-off {handoff:?}"
+    );
+    waiter.release(lock).await.expect("waiter releases");
+    assert!(
+        handoff < RETRY_DELAY / 2,
+        "the hand-off took {handoff:?} (retry delay {RETRY_DELAY:?}): the waiter kept waiting \
+         for a node's message of the first release after the second one was heard"
+    );
+}
+
+/// A pause that would cross a `wait`'s deadline is cut at the deadline only when a release
+/// can end it, that is after a refusal. With a majority of the nodes down nothing refuses and
+/// nothing will be published: the call used to sleep until its deadline before it gave up.
+/// Found in review (2026-12-05) and fixed then without a test; this test failed against the
+/// fix reverted: the error came after the whole 3 s wait (2 attempts, 3.002 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_with_a_majority_down_does_not_sleep_to_its_deadline() {
+    let cluster = Cluster::start(3).await.expect("cluster");
+    let waiter = client(
+        cluster.urls(),
+        RetryPolicy::attempts(10).with_delay(Duration::from_secs(5), Duration::ZERO),
+    );
+    waiter.connect().await;
+    cluster.node(1).kill();
+    cluster.node(2).kill();
+    let started = Instant::now();
+    let got = tokio::time::timeout(
+        Duration::from_secs(10),
+        waiter
+            .lock("majority-down")
+            .wait(Duration::from_secs(3))
+            .acquire(),
+    )
+    .await
+    .expect("returned within 10 s");
+    let took = started.elapsed();
+    let Err(err) = got else {
+        panic!("acquired with two of three nodes down")
+    };
+    println!("after {took:?}: {err} ({:?})", err.retries());
+    assert!(!err.is_busy(), "nothing refused: {err}");
+    assert!(
+        took < Duration::from_secs(1),
+        "the error came after {took:?}: a pause nothing can end was slept to the deadline"
+    );
 }

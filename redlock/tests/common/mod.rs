@@ -55,7 +55,6 @@ pub async fn set(cluster: &Cluster, i: usize, key: &str, value: &str) {
     let () = c.set(key, value).await.expect("SET");
 }
 
-/// Deletes `key` on node `i` directly.
 /// `PTTL` of `key` on every node, in node order (−2 = no such key, −1 = no expiry).
 pub async fn pttls(cluster: &Cluster, key: &str) -> Vec<i64> {
     let mut out = Vec::new();
@@ -71,6 +70,7 @@ pub async fn pttls(cluster: &Cluster, key: &str) -> Vec<i64> {
     out
 }
 
+/// Deletes `key` on node `i` directly.
 pub async fn del(cluster: &Cluster, i: usize, key: &str) {
     let mut c = cluster
         .node(i)
