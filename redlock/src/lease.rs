@@ -73,19 +73,25 @@ impl Held {
         // A lease that ended for any reason but its holder's `stop_renewal` has no validity
         // left from now on: nothing read from it later (the lock `stop_renewal` returns,
         // `Lease::valid_until`) may say otherwise. (A renewal that found the lock taken over
-        // left the last renewal's deadline in place.)
-        if !matches!(reason, LostReason::RenewalStopped) {
+        // left the last renewal's deadline in place.) The reason is recorded first, under the
+        // validity's lock: whoever finds the validity passed then finds the reason too, and
+        // its own `Expired` is ignored. Zeroed first, a guard's release was reported as
+        // `Expired` when its lease was read in between (test `renewal_attacks::a_released_
+        // guard_is_reported_released_while_its_lease_is_read`: 17 of 1,000 releases).
+        let first = if matches!(reason, LostReason::RenewalStopped) {
+            self.reason.set(reason).is_ok()
+        } else {
             let mut valid_until = self
                 .valid_until
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
+            let first = self.reason.set(reason).is_ok();
             if !valid_until.passed() {
                 *valid_until = Deadline::after(Instant::now(), Duration::ZERO);
             }
-        }
-        if self.reason.set(reason).is_ok()
-            && let Some(reason) = self.reason.get()
-        {
+            first
+        };
+        if first && let Some(reason) = self.reason.get() {
             crate::telemetry::lease_ended(&self.resources, reason, self.since.elapsed());
         }
         self.lost.cancel();

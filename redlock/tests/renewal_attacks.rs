@@ -3,7 +3,8 @@
 //! does not fail the renewals batched with it (both failed before their fixes), a runtime
 //! stalled past the validity finds its lease lost on resume and leaves the rival's keys alone,
 //! a repair waits out a restarted node's quarantine, a renewal landing after a hand-off does not
-//! shorten the new holder's keys, and no repair follows a lease's end.
+//! shorten the new holder's keys, no repair follows a lease's end, and a released guard is
+//! reported released while its lease is read.
 
 mod common;
 
@@ -578,4 +579,57 @@ async fn a_token_taken_again_after_its_release_keeps_its_keys() {
         "a rival took a lock whose holder counts it valid (PTTL per node {left:?})"
     );
     assert!(left.iter().all(|&t| t > 5_000), "{left:?}");
+}
+
+/// A guard released by its holder ends its lease as `Released`, whatever else reads the lease
+/// meanwhile. Found in review (2026-12-05): the release zeroed the validity before it recorded
+/// its reason, and a task checking the lease in between (as the docs advise work to do before
+/// each step) found the validity passed and recorded `Expired` first — the release was then
+/// reported, counted and logged as a loss. A race, so many rounds: 1,000 acquire + release
+/// cycles against one node, each with a thread that spins on `is_lost()` during the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_guard_is_reported_released_while_its_lease_is_read() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const ROUNDS: usize = 1000;
+    let cluster = Cluster::start(1).await.unwrap();
+    let rl = builder(cluster.urls(), Duration::from_secs(10))
+        .build()
+        .unwrap();
+    rl.connect().await;
+    let mut wrong = Vec::new();
+    for round in 0..ROUNDS {
+        let guard = rl.guard(rl.try_acquire("job").await.unwrap()).unwrap();
+        let lease = guard.lease();
+        let started = Arc::new(AtomicBool::new(false));
+        let checker = {
+            let (lease, started) = (lease.clone(), Arc::clone(&started));
+            std::thread::spawn(move || {
+                started.store(true, Ordering::Release);
+                while !lease.is_lost() {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        while !started.load(Ordering::Acquire) {
+            std::hint::spin_loop();
+        }
+        guard.release().await.unwrap();
+        checker.join().unwrap();
+        let reason = lease.reason();
+        if !matches!(reason, Some(LostReason::Released)) {
+            wrong.push((round, reason.map(|r| r.label())));
+        }
+    }
+    println!(
+        "{} of {ROUNDS} released guards reported otherwise",
+        wrong.len()
+    );
+    assert!(
+        wrong.is_empty(),
+        "{} of {ROUNDS} guards released by their holder were reported with another reason \
+         (first: {:?})",
+        wrong.len(),
+        wrong.first()
+    );
 }
