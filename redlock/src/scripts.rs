@@ -28,11 +28,15 @@ pub(crate) const IDENTITY_CHANGED: i64 = -2;
 /// used to land after the new holder's re-arm and cut its keys back to the old, shorter TTL
 /// while the new holder counted on its own (test `renewal_attacks::a_renewal_landing_after_a_
 /// handoff_does_not_shorten_the_new_holders_keys`: a third client took the lock). A key that
-/// lives longer than its holder thinks is safe; one that lives shorter is two holders.
-/// (`PTTL` and a comparison rather than `PEXPIRE … GT`, which needs Redis 7.0.)
+/// lives longer than its holder thinks is safe; one that lives shorter is two holders. A key
+/// without an expiry (`PTTL` −1, written so by someone else) keeps none: giving it the TTL
+/// would move its expiry earlier (test `batch_attacks::a_rearm_does_not_give_a_key_without_
+/// expiry_an_expiry`). (`PTTL` and a comparison rather than `PEXPIRE … GT`, which needs Redis
+/// 7.0.)
 const STRETCH: &str = r"
 local function stretch(key, ttl)
-  if redis.call('PTTL', key) < tonumber(ttl) then redis.call('PEXPIRE', key, ttl) end
+  local left = redis.call('PTTL', key)
+  if left >= 0 and left < tonumber(ttl) then redis.call('PEXPIRE', key, ttl) end
 end
 ";
 

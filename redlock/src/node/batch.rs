@@ -69,9 +69,53 @@ struct Place {
     live: Live,
 }
 
+thread_local! {
+    /// Set while a place given back on this thread sends what waited: the places given back
+    /// meanwhile (a runtime shutting down drops a spawned batch's task, and its place, inside
+    /// `spawn`) are queued here and handled by that same loop. Handled where they were
+    /// dropped, each sent the next batch from inside the last one's `spawn`, one level deeper
+    /// per batch of 128 requests, and a full outbox overflowed the stack and aborted the
+    /// process (test `batch_attacks::a_runtime_torn_down_with_a_full_outbox_does_not_overflow_
+    /// the_stack`).
+    static GIVEN_BACK: std::cell::RefCell<Option<GivenBack>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Places given back while a flush ran on this thread (see [`GIVEN_BACK`]).
+type GivenBack = Vec<(Arc<RedisNode>, Live)>;
+
+/// Clears [`GIVEN_BACK`] however the loop that set it ends.
+struct Flushing;
+
+impl Drop for Flushing {
+    fn drop(&mut self) {
+        GIVEN_BACK.with(|g| *g.borrow_mut() = None);
+    }
+}
+
 impl Drop for Place {
     fn drop(&mut self) {
+        let nested = GIVEN_BACK.with(|g| {
+            let mut g = g.borrow_mut();
+            match g.as_mut() {
+                Some(queued) => {
+                    queued.push((Arc::clone(&self.node), self.live.clone()));
+                    true
+                }
+                None => {
+                    *g = Some(Vec::new());
+                    false
+                }
+            }
+        });
+        if nested {
+            return;
+        }
+        let _flushing = Flushing;
         self.node.flush(&self.live);
+        while let Some((node, live)) = GIVEN_BACK.with(|g| g.borrow_mut().as_mut()?.pop()) {
+            node.flush(&live);
+        }
     }
 }
 
@@ -126,7 +170,14 @@ impl RedisNode {
             }
             .boxed();
         }
+        // A release is never refused: the grant it undoes may be waiting in this very outbox,
+        // and would be sent after it was refused (test `batch_attacks::a_release_is_sent_even_
+        // when_a_hung_nodes_outbox_is_full`: the key stayed for the TTL). Requests nobody waits
+        // for any more go first.
         if state.queue.len() >= REQUEST_QUEUE {
+            state.queue.retain(|q| !q.abandoned());
+        }
+        if state.queue.len() >= REQUEST_QUEUE && !matches!(*op, Op::Release { .. }) {
             return future::ready(Err(NodeError::new(
                 NodeErrorKind::Io,
                 format!("{REQUEST_QUEUE} requests are already waiting for this node"),

@@ -1,0 +1,159 @@
+//! The outbox and the scripts under attack, from a review (2026-12-05; real redis-server
+//! processes, loopback only, every wait bounded): a release made while a hung node's outbox is
+//! full, a runtime torn down with a full outbox, and a re-arm of a key without expiry. Each
+//! failed before its fix.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use redlock::{Error, Redlock, Token};
+use redlock_testkit::Cluster;
+
+/// A client whose node timeout (8 s) outlasts filling a hung node's outbox.
+fn patient_client(cluster: &Cluster) -> Redlock {
+    Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(60))
+        .node_timeout(Duration::from_secs(8))
+        .build()
+        .expect("valid config")
+}
+
+/// A client whose connections are open (one lock taken and released).
+async fn warmed(cluster: &Cluster) -> Redlock {
+    let rl = Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(10))
+        .node_timeout(Duration::from_secs(2))
+        .build()
+        .expect("valid config");
+    let warm = rl.try_acquire("warm").await.unwrap();
+    rl.release(warm).await.unwrap();
+    rl
+}
+
+/// STRETCH edge: a key that holds our token and has no expiry (PTTL −1) must not be given
+/// one by a re-arm: "an expiry only ever moves later".
+#[tokio::test(flavor = "current_thread")]
+async fn a_rearm_does_not_give_a_key_without_expiry_an_expiry() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = warmed(&cluster).await;
+    let token = Token::random().unwrap();
+    for i in 0..3 {
+        common::set(&cluster, i, "redlock:lock:forever", token.expose()).await;
+    }
+    let lock = tokio::time::timeout(
+        Duration::from_secs(5),
+        rl.try_acquire_with_token(["forever"], &token),
+    )
+    .await
+    .unwrap()
+    .expect("re-arm of our own token");
+    let pttls = common::pttls(&cluster, "redlock:lock:forever").await;
+    drop(lock);
+    assert_eq!(
+        pttls,
+        vec![-1, -1, -1],
+        "a re-arm shortened a key without expiry to a finite TTL"
+    );
+}
+
+/// A lock held on every node, then node 0 hung (SIGSTOP) with two requests in flight there,
+/// a lock taken on nodes 1 and 2 whose grant waits first in node 0's outbox, and node 0's
+/// outbox filled with refused attempts (each leaves one acquire waiting there) until the
+/// client refuses more. Returns the held lock, the two in flight, the lock whose grant waits,
+/// and the first error that was not a refusal (`None` if the outbox never filled).
+async fn fill_a_hung_outbox(
+    cluster: &Cluster,
+    rl: &Redlock,
+) -> (
+    redlock::Lock,
+    Vec<redlock::Lock>,
+    redlock::Lock,
+    Option<Error>,
+) {
+    let held = rl.try_acquire("held").await.unwrap();
+    cluster.node(0).pause();
+    let in_flight = join_all(["p1", "p2"].iter().map(|n| rl.try_acquire(n))).await;
+    let waiting = rl
+        .try_acquire("victim")
+        .await
+        .expect("granted by nodes 1 and 2");
+    let mut attempts = 0usize;
+    let mut full = None;
+    while attempts <= (1 << 16) && full.is_none() {
+        let n = 4096;
+        let r = join_all((0..n).map(|_| rl.try_acquire("held"))).await;
+        attempts += n;
+        full = r.into_iter().find_map(|r| match r {
+            Err(Error::Busy { .. }) => None,
+            Ok(_) => panic!("a held lock was granted"),
+            Err(e) => Some(e),
+        });
+    }
+    (
+        held,
+        in_flight.into_iter().flatten().collect(),
+        waiting,
+        full,
+    )
+}
+
+/// A release is never refused by a full outbox: the lock's own grant, still waiting in the
+/// same outbox, is sent when the node wakes, and only the release queued behind it deletes
+/// it. Before the fix the release was refused on node 0 ("65536 requests are already
+/// waiting") and the key stayed there for the TTL after the node resumed.
+#[tokio::test(flavor = "current_thread")]
+async fn a_release_is_sent_even_when_a_hung_nodes_outbox_is_full() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = patient_client(&cluster);
+    let warm = rl.try_acquire("warm").await.unwrap();
+    rl.release(warm).await.unwrap();
+    let started = Instant::now();
+    let (held, in_flight, waiting, full) = fill_a_hung_outbox(&cluster, &rl).await;
+    println!("outbox full after {:?}: {full:?}", started.elapsed());
+    assert!(full.is_some(), "node 0's outbox never refused a request");
+    let report = rl
+        .release(waiting)
+        .await
+        .expect("released on nodes 1 and 2");
+    println!("release on node 0: {:?}", report.nodes[0]);
+    cluster.node(0).resume();
+    // Node 0 runs what waited: the grant, then (with the fix) the release behind it.
+    let gone = common::eventually(Duration::from_secs(5), || async {
+        common::pttls(&cluster, "redlock:lock:victim").await[0] == -2
+    })
+    .await;
+    let pttls = common::pttls(&cluster, "redlock:lock:victim").await;
+    for lock in in_flight {
+        let _ = rl.release(lock).await;
+    }
+    let _ = rl.release(held).await;
+    assert!(
+        gone,
+        "node 0 keeps the released lock's key (PTTL per node {pttls:?}); its release there: {:?}",
+        report.nodes[0]
+    );
+}
+
+/// A test that panics (here deliberately, as a failing assertion would) while node 0 hangs
+/// with a full outbox: the runtime torn down by the panic must not abort the process. Before
+/// the fix it did, with a stack overflow: a runtime shutting down drops a spawned task at once,
+/// so each batch's task gave its place back inside `spawn`, which sent the next batch, and so
+/// on, one level deeper per batch of 128 requests.
+#[tokio::test(flavor = "current_thread")]
+#[should_panic(expected = "deliberate")]
+async fn a_runtime_torn_down_with_a_full_outbox_does_not_overflow_the_stack() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = patient_client(&cluster);
+    let warm = rl.try_acquire("warm").await.unwrap();
+    rl.release(warm).await.unwrap();
+    let started = Instant::now();
+    let (_held, _in_flight, _waiting, full) = fill_a_hung_outbox(&cluster, &rl).await;
+    panic!(
+        "deliberate, with node 0's outbox full after {:?} ({full:?})",
+        started.elapsed()
+    );
+}
