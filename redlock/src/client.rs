@@ -204,9 +204,14 @@ impl Redlock {
     /// # Errors
     /// As [`Redlock::try_acquire`].
     ///
+    /// An attempt with your token never deletes anything, whether it fails, is refused or is
+    /// dropped: the keys holding the token may be a lock you (or whoever gave you the token)
+    /// still hold, and no delete can tell those from keys this attempt wrote. Keys it wrote
+    /// and did not end up holding stay until they are released with the token (take the lock
+    /// again with it, then release) or until the TTL.
+    ///
     /// # Cancel safety
-    /// As [`Redlock::acquire`]; note that the cleanup of an abandoned attempt deletes keys
-    /// holding this token.
+    /// Dropping the future leaves what the attempt wrote in place (see above).
     pub async fn try_acquire_with_token<I, S>(
         &self,
         resources: I,
@@ -248,9 +253,14 @@ impl Redlock {
     /// nodes (see [`Redlock::owns`]): nothing is sent, and the keys expire with their TTL.
     ///
     /// # Cancel safety
-    /// The deletes are sent by a background task; dropping the future does not stop them.
-    pub async fn release(&self, lock: Lock) -> Result<ReleaseReport, Error> {
-        self.core.release(lock).await
+    /// The deletes are handed to the nodes' connections when `release` is called (inside a
+    /// tokio runtime; outside one, at the future's first poll) and driven by a background
+    /// task: dropping the future, even before its first poll, does not stop them.
+    pub fn release(
+        &self,
+        lock: Lock,
+    ) -> impl Future<Output = Result<ReleaseReport, Error>> + Send + '_ {
+        self.core.release(lock)
     }
 
     /// Hands a lock to the renewal driver: it is extended about every TTL/3 (see

@@ -84,8 +84,6 @@ pub(crate) struct Core<B> {
     pub(crate) backend: Arc<B>,
     /// The node list this client talks to; a lock remembers the one it was taken on.
     pub(crate) origin: Arc<str>,
-    /// This client instance (shared by its clones); a lock remembers the one that took it.
-    pub(crate) instance: u64,
     lock_prefix: String,
     channel_prefix: String,
     renewer: Arc<Renewer<B>>,
@@ -257,6 +255,14 @@ fn given_up(err: Error, attempts: u32, started: Instant, gave_up: GaveUp) -> Err
 
 /// The cleanup of an acquire attempt on `keys`: an owner-checked delete that publishes a
 /// wake-up on `channels`, or nothing with `None`.
+/// A release whose deletes were handed to the nodes' connections, waiting for its decision.
+struct Releasing<B: Backend> {
+    phase: Phase<B>,
+    channels: Arc<[String]>,
+    resources: Names,
+    span: tracing::Span,
+}
+
 fn attempt_cleanup(keys: &Names, token: &Token, channels: Option<Arc<[String]>>) -> Arc<Op> {
     let (channels, wake) = match channels {
         Some(channels) => (channels, Wake::random()),
@@ -275,14 +281,12 @@ impl<B: Backend> Core<B> {
         let p = &config.key_prefix;
         let origin: Vec<&str> = (0..backend.len()).map(|i| &**backend.name(i)).collect();
         let origin = origin.join(",").into();
-        static INSTANCES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let n = backend.len();
         let rank_seeds = (0..n).map(|i| engine::rank_seed(backend.name(i))).collect();
         let backend = Arc::new(backend);
         Self {
             renewer: Arc::new(Renewer::new(Arc::clone(&backend), config.clone())),
             origin,
-            instance: INSTANCES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             lock_prefix: format!("{p}lock:"),
             channel_prefix: format!("{p}release:"),
             config,
@@ -389,11 +393,48 @@ impl<B: Backend> Core<B> {
         })
     }
 
+    /// Interest in the release channels of a lock's resources after the first (none for one
+    /// resource).
+    async fn other_interests(
+        &self,
+        waiters: &Arc<Waiters>,
+        resources: &[String],
+        deadline: Option<Instant>,
+    ) -> Vec<Interest> {
+        let mut others = Vec::new();
+        for r in resources.iter().skip(1) {
+            let channel = format!("{}{r}", self.channel_prefix);
+            others.push(waiters.interest(&channel, deadline).await);
+        }
+        others
+    }
+
     /// The wake-up channel of each resource.
     fn channels(&self, resources: &[String]) -> Arc<[String]> {
         resources
             .iter()
             .map(|r| format!("{}{r}", self.channel_prefix))
+            .collect()
+    }
+
+    /// The wake-up channels of a lock's keys: those of the key prefix the lock was taken
+    /// with (`<prefix>lock:<resource>` → `<prefix>release:<resource>`), which its waiters
+    /// listen on — not this client's, should it have another prefix. A release through a
+    /// client of the same nodes with another prefix published on its own channels, and the
+    /// lock's waiters slept out their retry delay with the lock free (test `api_attacks::a_
+    /// release_through_a_client_with_another_prefix_wakes_the_locks_waiters`).
+    fn lock_channels(&self, resources: &[String], keys: &[String]) -> Arc<[String]> {
+        resources
+            .iter()
+            .zip(keys)
+            .map(|(r, k)| {
+                k.strip_suffix(r.as_str())
+                    .and_then(|k| k.strip_suffix("lock:"))
+                    .map_or_else(
+                        || format!("{}{r}", self.channel_prefix),
+                        |p| format!("{p}release:{r}"),
+                    )
+            })
             .collect()
     }
 
@@ -426,37 +467,6 @@ impl<B: Backend> Core<B> {
             Some(e) => Err(Error::Config(e)),
             None => Ok(()),
         }
-    }
-
-    /// Repeats an owner-checked delete (without wake-ups) once the taker's late grants must
-    /// have landed: after five node timeouts (the longest budget of a request that waited for
-    /// a connection), and again after the delivery grace on top of that.
-    fn release_again_later(&self, keys: &Names, token: &Token) {
-        let op = Arc::new(Op::Release {
-            keys: Arc::clone(keys),
-            token: token.clone(),
-            channels: Arc::from(Vec::<String>::new()),
-            wake: Wake::NONE,
-        });
-        let backend = Arc::clone(&self.backend);
-        let first = self.config.node_timeout * 5;
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        rt.spawn(async move {
-            for wait in [first, engine::DELIVERY_GRACE] {
-                tokio::time::sleep(wait).await;
-                let mut phase = Phase::start(
-                    &backend,
-                    PhaseName::Release,
-                    Arc::clone(&op),
-                    Goal::NoQuorumLeft,
-                    None,
-                    None,
-                );
-                let _ = phase.decided().await;
-            }
-        });
     }
 
     /// Fails for a lock taken by a client of other nodes.
@@ -541,17 +551,26 @@ impl<B: Backend> Core<B> {
         // attempt abandoned then (its caller cancelled) may hold a quorum, which other clients'
         // waiters were refused by and now wait to hear gone. So does the cleanup of a success
         // thrown away (validity used up, a misconfiguration found).
-        let cleanup = attempt_cleanup(keys, &token, Some(self.channels(resources)));
+        //
+        // An attempt with the caller's token has no cleanup: the keys holding that token may be
+        // a lock the caller (or whoever handed it the token) holds, and an owner-checked delete
+        // cannot tell them from the keys the attempt wrote. A re-claim of a held lock that
+        // failed used to delete it while its `Lock` said it was valid, and a rival took it
+        // (tests `api_attacks::a_failed_reclaim_with_the_token_does_not_delete_the_held_lock`,
+        // `a_refused_multi_resource_reclaim_leaves_the_held_lock`). What such an attempt wrote
+        // stays until released with the token, or until the TTL.
+        let cleanup =
+            (!rearm).then(|| attempt_cleanup(keys, &token, Some(self.channels(resources))));
         let mut phase = Phase::start(
             &self.backend,
             PhaseName::Acquire,
             op,
             Goal::Quorum,
-            Some(cleanup),
+            cleanup,
             first,
         );
         let d = phase.decided().await;
-        if !d.success {
+        if !d.success && !rearm {
             // The cleanup of a failed attempt publishes nothing: the holder still holds the
             // lock, and a wake-up would send every waiter (this one too) into an attempt failing
             // the same way, spending their retry policies in a few round trips.
@@ -593,7 +612,6 @@ impl<B: Backend> Core<B> {
             claims,
             granted: Some(granted),
             origin: Arc::clone(&self.origin),
-            taker: self.instance,
         })
     }
 
@@ -657,11 +675,18 @@ impl<B: Backend> Core<B> {
             // at once instead of retrying first (the retry covers a release missed while
             // subscribing, which cannot happen here).
             let mut interest: Option<Interest> = None;
+            // A lock of several resources also listens on the channels of the others: any of
+            // them may be the one held elsewhere, and only the first one's release woke the
+            // waiter, which slept out its retry delay with the lock free (test `api_attacks::
+            // a_multi_resource_waiter_is_woken_by_the_release_of_its_second_resource`). They
+            // only wake it; the first resource's channel keeps the rest of the waiting state.
+            let mut others: Vec<Interest> = Vec::new();
             let channel = format!("{}{}", self.channel_prefix, resources[0]);
             if let Some(waiters) = self.waiters.as_ref().filter(|_| !policy.single_attempt()) {
                 match waiters.standing(&channel) {
                     Standing::Listening => {
                         interest = Some(waiters.interest(&channel, deadline).await);
+                        others = self.other_interests(waiters, &resources, deadline).await;
                     }
                     // This client released the lock a moment ago while another client's waiter
                     // listened; it knew of that release first, and does not listen itself, so
@@ -770,6 +795,13 @@ impl<B: Backend> Core<B> {
                 if let Some(n) = notified.as_mut() {
                     n.as_mut().enable();
                 }
+                let also_notify: Vec<Arc<tokio::sync::Notify>> =
+                    others.iter().map(|i| Arc::clone(&i.notify)).collect();
+                let mut also_notified: Vec<_> =
+                    also_notify.iter().map(|n| Box::pin(n.notified())).collect();
+                for n in &mut also_notified {
+                    n.as_mut().enable();
+                }
                 let handoffs = interest.as_ref().map(Interest::handoffs);
                 // A racing attempt made, without the wait, before the first node's message of
                 // the release heard arrived (see the refusal below).
@@ -863,6 +895,7 @@ impl<B: Backend> Core<B> {
                         // deadline_while_subscribing_to_hung_nodes`). No attempt follows a
                         // subscription that reached the deadline.
                         interest = Some(waiters.interest(&channel, deadline).await);
+                        others = self.other_interests(waiters, &resources, deadline).await;
                         if passed(deadline) {
                             return Err(given_up(err, attempts, started, GaveUp::Deadline));
                         }
@@ -973,8 +1006,16 @@ impl<B: Backend> Core<B> {
                             pause
                         };
                         let wake = notified.take();
+                        let also = std::mem::take(&mut also_notified);
                         let woken = crate::det::select! {
                             () = async { if let Some(w) = wake { w.await } } => true,
+                            () = async {
+                                if also.is_empty() {
+                                    std::future::pending::<()>().await;
+                                } else {
+                                    futures_util::future::select_all(also).await;
+                                }
+                            } => true,
                             () = crate::timer::sleep(wait) => false,
                         };
                         // A pause cut at the deadline that no release ended: the call is over.
@@ -1155,60 +1196,98 @@ impl<B: Backend> Core<B> {
         .await
     }
 
-    pub(crate) async fn release(&self, lock: Lock) -> Result<ReleaseReport, Error> {
-        self.owns(&lock)?;
+    /// Hands the deletes to the nodes' connections when called, not at the future's first
+    /// poll, so that a future dropped unpolled (a `select!` whose other branch was ready)
+    /// still releases: it sent nothing, and the lock stayed for its TTL (test `api_attacks::
+    /// a_release_future_dropped_before_its_first_poll_still_releases`). Outside a runtime the
+    /// deletes are handed over at the first poll instead.
+    pub(crate) fn release(
+        &self,
+        lock: Lock,
+    ) -> impl Future<Output = Result<ReleaseReport, Error>> + Send + '_ {
+        let started = tokio::runtime::Handle::try_current()
+            .is_ok()
+            .then(|| self.start_lock_release(&lock));
+        async move {
+            let releasing = match started {
+                Some(started) => started?,
+                None => self.start_lock_release(&lock)?,
+            };
+            self.finish_release(releasing).await
+        }
+    }
+
+    fn start_lock_release(&self, lock: &Lock) -> Result<Releasing<B>, Error> {
+        self.owns(lock)?;
         if let Some(granted) = &lock.granted {
             // The nodes' late answers have arrived by now.
             self.check_first_node(&lock.resources[0], &lock.keys[0], granted);
         }
-        self.release_parts(&lock.resources, &lock.keys, &lock.token, lock.taker)
-            .await
+        Ok(self.start_release(&lock.resources, &lock.keys, &lock.token))
     }
 
-    /// Owner-checked delete on every node. `taker` is the client instance that took the lock:
-    /// when it is another one, its requests travel on other connections, so one of its late
-    /// grants (still in flight to a slow node) can land after this release; the delete is
-    /// then repeated in the background, after the longest time such a grant can be in flight.
+    /// Owner-checked delete on every node, with a wake-up on the lock's channels.
     pub(crate) async fn release_parts(
         &self,
         resources: &Names,
         keys: &Names,
         token: &Token,
-        taker: u64,
     ) -> Result<ReleaseReport, Error> {
-        if taker != self.instance {
-            self.release_again_later(keys, token);
-        }
+        let releasing = self.start_release(resources, keys, token);
+        self.finish_release(releasing).await
+    }
+
+    /// Hands the deletes to every node's connection. Dropped from here on, the release goes
+    /// on in the background (the phase's driver).
+    fn start_release(&self, resources: &Names, keys: &Names, token: &Token) -> Releasing<B> {
         let span =
             tracing::debug_span!("redlock.release", resources = ?&**resources, token = %token);
-        async {
-            let channels = self.channels(resources);
-            let wake = Wake::random();
-            let op = Arc::new(Op::Release {
-                keys: Arc::clone(keys),
-                token: token.clone(),
-                channels: Arc::clone(&channels),
-                wake,
-            });
-            let mut phase = Phase::start(
-                &self.backend,
-                PhaseName::Release,
-                op,
-                Goal::NoQuorumLeft,
-                None,
-                None,
-            );
-            if let Some(w) = &self.waiters {
-                // The deletes are now queued on every node's connection, and this client's
-                // requests reach each node in the order they were made: a local waiter's
-                // acquire, made from here on, arrives behind them and cannot find our keys.
-                // So local waiters are woken now, without waiting for the release's round
-                // trip or the nodes' notification. (Should the release fail, their attempt
-                // is refused and they wait again.)
-                for c in channels.iter() {
-                    w.notify_local(c, wake);
-                }
+        let entered = span.enter();
+        let channels = self.lock_channels(resources, keys);
+        let wake = Wake::random();
+        let op = Arc::new(Op::Release {
+            keys: Arc::clone(keys),
+            token: token.clone(),
+            channels: Arc::clone(&channels),
+            wake,
+        });
+        let phase = Phase::start(
+            &self.backend,
+            PhaseName::Release,
+            op,
+            Goal::NoQuorumLeft,
+            None,
+            None,
+        );
+        if let Some(w) = &self.waiters {
+            // The deletes are now queued on every node's connection, and this client's
+            // requests reach each node in the order they were made: a local waiter's
+            // acquire, made from here on, arrives behind them and cannot find our keys.
+            // So local waiters are woken now, without waiting for the release's round
+            // trip or the nodes' notification. (Should the release fail, their attempt
+            // is refused and they wait again.)
+            for c in channels.iter() {
+                w.notify_local(c, wake);
             }
+        }
+        drop(entered);
+        Releasing {
+            phase,
+            channels,
+            resources: Arc::clone(resources),
+            span,
+        }
+    }
+
+    /// Waits for a release's decision.
+    async fn finish_release(&self, releasing: Releasing<B>) -> Result<ReleaseReport, Error> {
+        let Releasing {
+            mut phase,
+            channels,
+            resources,
+            span,
+        } = releasing;
+        async {
             let d = phase.decided().await;
             if let Some(w) = &self.waiters {
                 w.release_heard(&channels, &d.heard);
@@ -1220,7 +1299,7 @@ impl<B: Backend> Core<B> {
                 Ok(ReleaseReport { nodes })
             } else {
                 Err(Error::QuorumUnreachable {
-                    resources: Arc::clone(resources),
+                    resources,
                     phase: PhaseName::Release,
                     granted: d.positive,
                     required: d.needed,
@@ -1373,7 +1452,7 @@ impl<B: Backend> Releaser for Core<B> {
         held: Arc<Held>,
     ) -> futures_util::future::BoxFuture<'_, Result<ReleaseReport, Error>> {
         Box::pin(async move {
-            self.release_parts(&held.resources, &held.keys, &held.token, held.taker)
+            self.release_parts(&held.resources, &held.keys, &held.token)
                 .await
         })
     }

@@ -22,8 +22,6 @@ pub(crate) struct Held {
     pub(crate) ttl: Duration,
     /// The validity every renewal must leave (the lock's own).
     pub(crate) min_validity: Duration,
-    /// The client instance that took the lock.
-    pub(crate) taker: u64,
     /// The node list of the client that took the lock.
     pub(crate) origin: Arc<str>,
     /// Every grant's claim, for the fence token.
@@ -109,7 +107,6 @@ impl Held {
             claims: self.claims.clone(),
             granted: self.granted.clone(),
             origin: Arc::clone(&self.origin),
-            taker: self.taker,
         }
     }
 }

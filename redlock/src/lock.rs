@@ -147,8 +147,6 @@ pub struct Lock {
     pub(crate) granted: Option<crate::engine::Granted>,
     /// The node list of the client that took it.
     pub(crate) origin: Arc<str>,
-    /// The client instance that took it.
-    pub(crate) taker: u64,
 }
 
 impl std::fmt::Debug for Lock {

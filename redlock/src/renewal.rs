@@ -231,7 +231,6 @@ impl<B: Backend> Renewer<B> {
             token: lock.token,
             ttl: lock.ttl,
             min_validity: lock.min_validity,
-            taker: lock.taker,
             origin: lock.origin,
             granted: lock.granted,
             since: now,

@@ -150,7 +150,14 @@ async fn a_large_max_hold_does_not_panic_in_guard() {
 /// which only holds on one connection. A late grant of the taker (its acquire still in flight
 /// to a slow node when the quorum answered) can land after another client's release and leave
 /// a key that nobody owns and nobody will delete.
+///
+/// A known problem again since 2026-12-05: the releasing client used to repeat its delete in
+/// the background (five node timeouts later, then after the delivery grace), but the delete
+/// checks only the token, and it deleted a lock taken again with the same token in that time
+/// while its holder counted it valid (`api_attacks::a_token_taken_again_after_a_release_
+/// through_another_client_keeps_its_keys`). A late grant now stays on its node for the TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known problem (docs/protocol.md, Foreign locks): a late grant of the taker outlives another client's release"]
 async fn a_release_by_another_client_does_not_leave_the_takers_late_grant_behind() {
     let cluster = Cluster::builder()
         .nodes(3)
@@ -183,8 +190,7 @@ async fn a_release_by_another_client_does_not_leave_the_takers_late_grant_behind
         };
         assert!(releaser.owns(&lock));
         releaser.release(lock).await.expect("release at quorum");
-        // Let everything in flight through node 2 land, and the releaser's repeated delete
-        // (five node timeouts, then the delivery grace, after the release) run.
+        // Let everything in flight through node 2 land.
         tokio::time::sleep(Duration::from_millis(1600)).await;
         if let Some(v) = common::get(&cluster, 2, &format!("redlock:lock:{resource}")).await {
             left_behind.push((resource, v));

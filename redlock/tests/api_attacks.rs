@@ -1,0 +1,368 @@
+//! The public API used in unexpected ways, from a review (2026-12-05; real redis-server
+//! processes, loopback only, every wait bounded): a failed re-claim with a held lock's own
+//! token, a token taken again right after a release through another client, a release through
+//! a client with another key prefix, a multi-resource waiter refused by its second resource,
+//! and a release future dropped before its first poll. Each failed before its fix.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use redlock::Error;
+use redlock_testkit::Cluster;
+
+/// A process holds a valid lock and re-claims it with its own token (the docs call the re-arm
+/// idempotent: "Nodes where the key already holds this token re-arm it"). The re-claim fails
+/// because two of three nodes are slow for a moment. A failed re-claim must leave the lock the
+/// caller already holds as it was (like a failed `extend`, which "never deletes anything"):
+/// the holder's `Lock` still says valid for seconds, so if its keys are gone a rival gets the
+/// lock and there are two holders. Before the fix the failed attempt's cleanup deleted the held
+/// keys (PTTL [-2, -2, -2] after it) and the rival got the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_reclaim_with_the_token_does_not_delete_the_held_lock() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = common::client(cluster.urls(), Duration::from_secs(10));
+    let rival = common::client(cluster.urls(), Duration::from_secs(10));
+    let _ = rl.connect().await;
+    let _ = rival.connect().await;
+
+    let lock = rl.acquire("reclaim").await.unwrap();
+    assert!(lock.remaining() > Duration::from_secs(9));
+
+    // Two nodes stall for 300 ms (longer than the 50 ms node timeout).
+    cluster.node(1).pause();
+    cluster.node(2).pause();
+    let reclaim = tokio::time::timeout(
+        Duration::from_secs(5),
+        rl.try_acquire_with_token(["reclaim"], lock.token()),
+    )
+    .await
+    .expect("bounded");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.node(1).resume();
+    cluster.node(2).resume();
+    println!(
+        "re-claim with the held lock's own token: {:?}",
+        reclaim.as_ref().map(|_| ())
+    );
+    assert!(
+        reclaim.is_err(),
+        "the re-claim was expected to fail with two nodes stalled"
+    );
+    if let Ok(l) = reclaim {
+        drop(l);
+    }
+    // Let the stalled nodes run what was queued for them.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let pttls = common::pttls(&cluster, "redlock:lock:reclaim").await;
+    println!(
+        "holder's lock: is_valid={} remaining={:?}; PTTL per node = {pttls:?}",
+        lock.is_valid(),
+        lock.remaining()
+    );
+    let rival_got_it = tokio::time::timeout(Duration::from_secs(5), rival.try_acquire("reclaim"))
+        .await
+        .expect("bounded");
+    let two_holders = lock.is_valid() && rival_got_it.is_ok();
+    if let Ok(l) = rival_got_it {
+        let _ = rival.release(l).await;
+    }
+    assert!(
+        !two_holders,
+        "two holders: the holder's lock says valid for {:?} while a rival acquired; PTTLs after \
+         the failed re-claim: {pttls:?}",
+        lock.remaining()
+    );
+    let _ = rl.release(lock).await;
+}
+
+/// Fault-free variant: the holder of `a` (token T) re-claims `[a, b]` with T, while `b` is held
+/// by someone else on two of the three nodes (written directly here; in the wild, a rival's
+/// acquire whose grant had not yet reached the third node — this test first failed that way,
+/// 2 of 3 runs, with a plain rival `acquire("b")`). The re-claim is refused (`Busy`), but the
+/// one node that granted gets the attempt's cleanup, an owner-checked delete of *every* key of
+/// the attempt holding T — including `a`, which the holder had before the call (PTTL of `a`
+/// [9693, 9692, -2] after it, before the fix). The held lock silently loses a node: one more
+/// node lost (a restart without data) and a rival gets it while the holder's `Lock` still says
+/// valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_multi_resource_reclaim_leaves_the_held_lock() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = common::client(cluster.urls(), Duration::from_secs(10));
+    let _ = rl.connect().await;
+    let lock = rl.acquire("a").await.unwrap();
+    // Let the third node's grant land too.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = common::pttls(&cluster, "redlock:lock:a").await;
+    assert!(before.iter().all(|&p| p > 8000), "{before:?}");
+    common::set(
+        &cluster,
+        0,
+        "redlock:lock:b",
+        "someone-elses-token-0123456789abcdef",
+    )
+    .await;
+    common::set(
+        &cluster,
+        1,
+        "redlock:lock:b",
+        "someone-elses-token-0123456789abcdef",
+    )
+    .await;
+    let r = rl.try_acquire_with_token(["a", "b"], lock.token()).await;
+    println!("re-claim of [a, b]: {:?}", r.as_ref().map(|_| ()));
+    assert!(matches!(r, Err(Error::Busy { .. })), "{r:?}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after = common::pttls(&cluster, "redlock:lock:a").await;
+    println!("PTTL of the held lock's key per node: before {before:?}, after {after:?}");
+    assert!(
+        after.iter().all(|&p| p > 8000),
+        "a refused re-claim deleted the held lock's key: PTTL per node {after:?} (before \
+         {before:?}); the holder's lock says valid for {:?}",
+        lock.remaining()
+    );
+    let _ = rl.release(lock).await;
+}
+
+/// A client that makes one attempt per call, 200 ms node timeout.
+fn once_client(cluster: &Cluster) -> redlock::Redlock {
+    redlock::Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(10))
+        .node_timeout(Duration::from_millis(200))
+        .retry(redlock::RetryPolicy::once())
+        .build()
+        .expect("valid config")
+}
+
+/// A lock taken with a kept token (docs/fencing.md, `try_acquire_with_token`: a token persisted
+/// across restarts) is released through another client instance of the same nodes (allowed:
+/// `owns` is true), and the token's owner takes the lock again with the same token at once.
+/// The releasing client used to repeat the first release's owner-checked delete five node
+/// timeouts later and again after the delivery grace, and the delete checks only the token: it
+/// deleted the *second* lock's keys while its holder counted it valid, and a rival acquired
+/// (PTTL [-2, -2, -2] 2.6 s after the release). The docs
+/// (leases.md) reject exactly this for the hand-off case ("deleted the keys of a later lock
+/// taken with the same token"), and `renewal_attacks::a_token_taken_again_after_its_release_
+/// keeps_its_keys` checks it only for a release through the taking client itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_taken_again_after_a_release_through_another_client_keeps_its_keys() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let owner = once_client(&cluster);
+    let releaser = once_client(&cluster);
+    let rival = once_client(&cluster);
+    let _ = owner.connect().await;
+    let _ = releaser.connect().await;
+    let _ = rival.connect().await;
+    let token = redlock::Token::random().unwrap();
+    let first = owner
+        .try_acquire_with_token(["kept"], &token)
+        .await
+        .expect("free");
+    assert!(releaser.owns(&first));
+    releaser
+        .release(first)
+        .await
+        .expect("released through another client");
+    let second = owner
+        .try_acquire_with_token(["kept"], &token)
+        .await
+        .expect("taken again with the same token");
+    // Past five node timeouts (1 s) and the delivery grace (1 s).
+    tokio::time::sleep(Duration::from_millis(2600)).await;
+    let left = common::pttls(&cluster, "redlock:lock:kept").await;
+    println!(
+        "second lock: valid={} remaining={:?}; PTTL per node {left:?}",
+        second.is_valid(),
+        second.remaining()
+    );
+    let stolen = rival.try_acquire("kept").await;
+    let two_holders = second.is_valid() && stolen.is_ok();
+    if let Ok(l) = stolen {
+        let _ = rival.release(l).await;
+    }
+    let _ = owner.release(second).await;
+    assert!(
+        !two_holders,
+        "two holders: the second lock says valid while a rival acquired (PTTL per node {left:?})"
+    );
+}
+
+/// A client whose retry delay (2 s) is far longer than a woken hand-off takes.
+fn slow_retry_client(cluster: &Cluster, prefix: &str) -> redlock::Redlock {
+    redlock::Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(10))
+        .key_prefix(prefix)
+        .node_timeout(common::NODE_TIMEOUT)
+        .retry(
+            redlock::RetryPolicy::deadline(Duration::from_secs(20))
+                .with_delay(Duration::from_secs(2), Duration::ZERO),
+        )
+        .build()
+        .expect("valid config")
+}
+
+/// How long after a release through a client with key prefix `releaser` a waiting client of
+/// prefix `taker` (which took the lock) got it.
+async fn woken_after_a_release_through(taker: &str, releaser: &str) -> Duration {
+    let cluster = Cluster::start(3).await.unwrap();
+    let taker = slow_retry_client(&cluster, taker);
+    let releaser = slow_retry_client(&cluster, releaser);
+    let _ = taker.connect().await;
+    let _ = releaser.connect().await;
+    let lock = taker.acquire("prefixed").await.unwrap();
+    assert!(
+        releaser.owns(&lock),
+        "same nodes: the other client may release it"
+    );
+    let waiter = {
+        let rl = taker.clone();
+        tokio::spawn(async move { rl.acquire("prefixed").await })
+    };
+    let (waited, got) = woken_by(waiter, async {
+        let report = releaser.release(lock).await.expect("release");
+        assert!(report.released() >= 2, "the taker's keys were deleted");
+    })
+    .await;
+    let _ = taker.release(got).await;
+    waited
+}
+
+/// Runs `release` 300 ms after `waiter` began waiting; how long after it the waiter got its
+/// lock, and the lock.
+async fn woken_by(
+    waiter: tokio::task::JoinHandle<Result<redlock::Lock, Error>>,
+    release: impl std::future::Future<Output = ()>,
+) -> (Duration, redlock::Lock) {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    release.await;
+    let got = tokio::time::timeout(Duration::from_secs(15), waiter)
+        .await
+        .expect("bounded")
+        .unwrap()
+        .expect("the waiter acquires");
+    (released.elapsed(), got)
+}
+
+/// `Redlock::owns` accepts a lock of any client of the same node list, whatever its key
+/// prefix, and `release` deletes the lock's own keys (`Lock::keys`, with the taker's prefix).
+/// The release's wake-up used to go out on the *releasing* client's channels (`{its prefix}
+/// release:{resource}`), where the lock's waiters do not listen: a waiter of the taking client
+/// slept out its 2 s retry delay with the lock free (1.70 s after the release in review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_through_a_client_with_another_prefix_wakes_the_locks_waiters() {
+    let waited = woken_after_a_release_through("app-a:", "app-b:").await;
+    println!("waiter acquired {waited:?} after the release");
+    assert!(
+        waited < Duration::from_secs(1),
+        "the waiter was not woken by the release: it acquired {waited:?} after it (2 s retry \
+         delay, 10 s TTL)"
+    );
+}
+
+/// Control: the same with both clients on one prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_same_prefix_release_wakes_the_waiter() {
+    let waited = woken_after_a_release_through("app-a:", "app-a:").await;
+    println!("control: waiter acquired {waited:?} after the release");
+    assert!(waited < Duration::from_secs(1), "{waited:?}");
+}
+
+/// A waiter for `[a, b]` refused because another client holds `b` alone. Waiters are woken by
+/// release notifications; the release of `b` publishes on `release:b`. The waiter must hear
+/// it (it used to listen on its first resource's channel only, and slept out its retry delay).
+/// `position` = where the held resource sits in the waiter's list.
+async fn waiter_for_many_is_woken(position: usize) -> Duration {
+    let cluster = Cluster::start(3).await.unwrap();
+    let waiter_client = slow_retry_client(&cluster, redlock::DEFAULT_KEY_PREFIX);
+    let holder = slow_retry_client(&cluster, redlock::DEFAULT_KEY_PREFIX);
+    let _ = waiter_client.connect().await;
+    let _ = holder.connect().await;
+    let held = holder.acquire("b").await.unwrap();
+    let wanted: Vec<&str> = if position == 0 {
+        vec!["b", "a"]
+    } else {
+        vec!["a", "b"]
+    };
+    let waiter = {
+        let rl = waiter_client.clone();
+        let wanted: Vec<String> = wanted.iter().map(|s| s.to_string()).collect();
+        tokio::spawn(async move { rl.acquire_many(wanted).await })
+    };
+    let (waited, got) = woken_by(waiter, async {
+        holder.release(held).await.expect("release");
+    })
+    .await;
+    let _ = waiter_client.release(got).await;
+    waited
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_resource_waiter_is_woken_by_the_release_of_its_second_resource() {
+    let waited = waiter_for_many_is_woken(1).await;
+    println!("[a, b] waiter, b held alone elsewhere: acquired {waited:?} after b's release");
+    assert!(
+        waited < Duration::from_secs(1),
+        "the waiter for [a, b] slept {waited:?} after b was released (2 s retry delay): it \
+         listens only on the channel of its first resource"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_a_multi_resource_waiter_is_woken_by_the_release_of_its_first_resource() {
+    let waited = waiter_for_many_is_woken(0).await;
+    println!("control [b, a]: acquired {waited:?} after b's release");
+    assert!(waited < Duration::from_secs(1), "{waited:?}");
+}
+
+/// `Redlock::release` documents "Cancel safety: The deletes are sent by a background task;
+/// dropping the future does not stop them." A `select!` whose other branch is ready (a
+/// shutdown signal already fired) drops the release future before its first poll: nothing was
+/// sent, and the lock stayed for its whole TTL (PTTL [7993, 7993, 7992] 2 s later) with its
+/// waiters waiting it out. The deletes now go out when `release` is called. (A
+/// `LockGuard::release` future dropped the same way releases through the guard's `Drop`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_future_dropped_before_its_first_poll_still_releases() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = common::client(cluster.urls(), Duration::from_secs(10));
+    let _ = rl.connect().await;
+    let lock = rl.acquire("shutdown").await.unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    shutdown.cancel();
+    tokio::select! {
+        biased;
+        () = shutdown.cancelled() => println!("shutdown won the select; the release future was dropped"),
+        r = rl.release(lock) => println!("released: {:?}", r.map(|r| r.released())),
+    }
+    let began = Instant::now();
+    let freed = common::no_lock_keys_within(&cluster, Duration::from_secs(2)).await;
+    let pttls = common::pttls(&cluster, "redlock:lock:shutdown").await;
+    println!(
+        "keys gone within 2 s: {freed}; PTTL per node {pttls:?} ({:?})",
+        began.elapsed()
+    );
+    assert!(
+        freed,
+        "the keys of a lock whose release future was dropped stay for their TTL: PTTL {pttls:?}"
+    );
+}
+
+/// Control: the guard's release future dropped the same way releases (through `Drop`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_a_guard_release_future_dropped_before_its_first_poll_releases() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = common::client(cluster.urls(), Duration::from_secs(10));
+    let _ = rl.connect().await;
+    let guard = rl.guard(rl.acquire("shutdown-g").await.unwrap()).unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    shutdown.cancel();
+    tokio::select! {
+        biased;
+        () = shutdown.cancelled() => {}
+        _ = guard.release() => {}
+    }
+    assert!(common::no_lock_keys_within(&cluster, Duration::from_secs(2)).await);
+}
