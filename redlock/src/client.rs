@@ -34,6 +34,35 @@ pub struct Redlock {
     core: Arc<Core<Nodes>>,
 }
 
+/// A release not started yet: its future was dropped before its first poll. It starts the
+/// release in a task of its own, so that the lock does not stay for its TTL: it did, since
+/// nothing was sent (test `api_attacks::a_release_future_dropped_before_its_first_poll_still_
+/// releases`). (Starting the release when `release` is called instead made a started release
+/// hold a connection's in-flight place until its future was polled: two releases started and
+/// awaited later left no place for the client's next requests.)
+struct Unstarted {
+    core: Arc<Core<Nodes>>,
+    lock: Option<Lock>,
+}
+
+impl Drop for Unstarted {
+    fn drop(&mut self) {
+        let Some(lock) = self.lock.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                let core = Arc::clone(&self.core);
+                drop(rt.spawn(async move { core.release(lock).await }));
+            }
+            Err(_) => tracing::warn!(
+                resources = ?lock.resources(),
+                "a release dropped outside a tokio runtime before it started: its keys expire with their TTL"
+            ),
+        }
+    }
+}
+
 impl std::fmt::Debug for Redlock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let backend = &self.core.backend;
@@ -253,14 +282,25 @@ impl Redlock {
     /// nodes (see [`Redlock::owns`]): nothing is sent, and the keys expire with their TTL.
     ///
     /// # Cancel safety
-    /// The deletes are handed to the nodes' connections when `release` is called (inside a
-    /// tokio runtime; outside one, at the future's first poll) and driven by a background
-    /// task: dropping the future, even before its first poll, does not stop them.
+    /// The deletes are sent by a background task; dropping the future does not stop them. A
+    /// future dropped before its first poll (a `select!` whose other branch was ready) starts
+    /// the release in a task of its own, on the runtime it is dropped in (outside one nothing
+    /// can be sent, and the keys expire with their TTL).
     pub fn release(
         &self,
         lock: Lock,
     ) -> impl Future<Output = Result<ReleaseReport, Error>> + Send + '_ {
-        self.core.release(lock)
+        let mut unstarted = Unstarted {
+            core: Arc::clone(&self.core),
+            lock: Some(lock),
+        };
+        async move {
+            let lock = unstarted.lock.take();
+            match lock {
+                Some(lock) => self.core.release(lock).await,
+                None => unreachable!("a release future is polled to its start once"),
+            }
+        }
     }
 
     /// Hands a lock to the renewal driver: it is extended about every TTL/3 (see

@@ -1,8 +1,9 @@
 //! The public API used in unexpected ways, from a review (2026-12-05; real redis-server
 //! processes, loopback only, every wait bounded): a failed re-claim with a held lock's own
 //! token, a token taken again right after a release through another client, a release through
-//! a client with another key prefix, a multi-resource waiter refused by its second resource,
-//! and a release future dropped before its first poll. Each failed before its fix.
+//! a client with another key prefix, a multi-resource waiter refused by its second resource
+//! (and one of twelve resources subscribing), and a release future dropped before its first
+//! poll or awaited late. Each failed before its fix.
 
 mod common;
 
@@ -365,4 +366,97 @@ async fn control_a_guard_release_future_dropped_before_its_first_poll_releases()
         _ = guard.release() => {}
     }
     assert!(common::no_lock_keys_within(&cluster, Duration::from_secs(2)).await);
+}
+
+/// A release started and awaited later does not hold up the client: the caller starts two
+/// releases, takes another lock, then awaits the releases. When the deletes were handed over
+/// at the call, each took one of a connection's two in-flight places until its future was
+/// polled, and the acquire waited behind them and failed (QuorumUnreachable, two nodes
+/// timed out) — found in review of that change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_started_and_awaited_later_do_not_stall_the_client() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = common::client(cluster.urls(), Duration::from_secs(10));
+    let _ = rl.connect().await;
+    let a = rl.acquire("later-a").await.unwrap();
+    let b = rl.acquire("later-b").await.unwrap();
+    let release_a = rl.release(a);
+    let release_b = rl.release(b);
+    let c = tokio::time::timeout(Duration::from_secs(5), rl.try_acquire("later-c"))
+        .await
+        .expect("bounded");
+    let released = tokio::time::timeout(Duration::from_secs(5), async {
+        (release_a.await, release_b.await)
+    })
+    .await
+    .expect("bounded");
+    println!(
+        "acquire meanwhile: {:?}; releases: {released:?}",
+        c.as_ref().map(|_| ())
+    );
+    assert!(released.0.is_ok() && released.1.is_ok(), "{released:?}");
+    let lock = c.expect("a free lock taken while two releases waited to be awaited");
+    rl.release(lock).await.unwrap();
+}
+
+/// Runs a waiter for `resources` (links 100 ms slow one way, retry delay 5 s, wait 3 s) against
+/// a holder of the first resource that releases it 700 ms after the call; the waiter's
+/// outcome and when it came after the release.
+async fn multi_resource_wait(resources: Vec<String>) -> (Result<(), String>, Duration) {
+    let cluster = Cluster::builder()
+        .nodes(3)
+        .proxied(true)
+        .start()
+        .await
+        .unwrap();
+    let direct: Vec<String> = cluster.nodes().iter().map(|n| n.url()).collect();
+    let holder = common::client(direct, Duration::from_secs(10));
+    let waiter = redlock::Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(10))
+        .node_timeout(Duration::from_secs(1))
+        .retry(
+            redlock::RetryPolicy::deadline(Duration::from_secs(3))
+                .with_delay(Duration::from_secs(5), Duration::ZERO),
+        )
+        .build()
+        .unwrap();
+    let _ = holder.connect().await;
+    let _ = waiter.connect().await;
+    for i in 0..3 {
+        let link = cluster.node(i).proxy().unwrap();
+        link.set_delay(Duration::from_millis(100), Duration::ZERO);
+    }
+    let held = holder.acquire(&resources[0]).await.unwrap();
+    let task = tokio::spawn(async move {
+        let r = waiter.lock_many(resources).acquire().await;
+        (r.map(|_| ()).map_err(|e| e.to_string()), Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let released = Instant::now();
+    holder.release(held).await.unwrap();
+    let (r, at) = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("bounded")
+        .unwrap();
+    (r, at.saturating_duration_since(released))
+}
+
+/// A waiter for 12 resources, refused by the first one's holder, subscribes to all twelve
+/// channels. One after another, each waiting for the nodes' confirmations, that took 2.35 s
+/// on these links, and the lock released 700 ms into the 3 s wait came too late (found in
+/// review). One resource: about 110 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_resource_waiter_subscribes_to_its_channels_at_once() {
+    let resources: Vec<String> = (0..12).map(|i| format!("twelve-{i}")).collect();
+    let (r, after) = multi_resource_wait(resources).await;
+    let (single, single_after) = multi_resource_wait(vec!["single".to_owned()]).await;
+    println!(
+        "12 resources: {r:?} {after:?} after the release; 1 resource: {single:?} {single_after:?}"
+    );
+    assert!(
+        r.is_ok() && after < Duration::from_secs(1),
+        "the waiter for 12 resources did not take the lock within 1 s of its release: {r:?} \
+         ({after:?} after it)"
+    );
 }

@@ -1,10 +1,12 @@
 //! The outbox and the scripts under attack, from a review (2026-12-05; real redis-server
 //! processes, loopback only, every wait bounded): a release made while a hung node's outbox is
-//! full, a runtime torn down with a full outbox, and a re-arm of a key without expiry. Each
-//! failed before its fix.
+//! full, a runtime torn down with a full outbox or dropped with its thread, and a re-arm of a
+//! key without expiry. Each failed before its fix.
 
 mod common;
 
+use std::cell::RefCell;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
@@ -155,5 +157,91 @@ async fn a_runtime_torn_down_with_a_full_outbox_does_not_overflow_the_stack() {
     panic!(
         "deliberate, with node 0's outbox full after {:?} ({full:?})",
         started.elapsed()
+    );
+}
+
+thread_local! {
+    /// A runtime kept per thread, as synchronous wrappers around async clients often do.
+    static RUNTIME: RefCell<Option<tokio::runtime::Runtime>> = const { RefCell::new(None) };
+}
+
+/// The child process of the test below: on a thread of its own, with a runtime kept in a
+/// thread-local, it leaves an acquire in flight to a hung node (the process `pid`) and returns,
+/// so that the runtime is dropped with the thread's locals.
+fn hung_request_at_thread_exit(urls: Vec<String>, pid: String) {
+    let worker = std::thread::spawn(move || {
+        RUNTIME.with(|rt| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            *rt.borrow_mut() = Some(runtime);
+        });
+        RUNTIME.with(|rt| {
+            let rt = rt.borrow();
+            rt.as_ref().unwrap().block_on(async move {
+                let rl = common::client(urls, Duration::from_secs(10));
+                let _ = rl.connect().await;
+                let lock = rl.acquire("thread-exit").await.unwrap();
+                rl.release(lock).await.unwrap();
+                let stopped = Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+                assert!(stopped.success());
+                tokio::spawn(async move {
+                    let _ = rl.try_acquire("thread-exit-2").await;
+                    std::future::pending::<()>().await;
+                });
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            });
+        });
+    });
+    worker.join().expect("the worker thread ended");
+}
+
+/// A runtime kept in a thread-local is dropped with the thread's locals, and with it a task
+/// whose request to a hung node holds one of the connection's places. Giving that place back
+/// read the outbox's own thread-local, which can be gone by then: "cannot access a Thread
+/// Local Storage value during or after destruction", a panic in a destructor (found in
+/// review; in another shape of the same teardown the process aborted). Run in a child process.
+#[test]
+fn a_runtime_dropped_with_its_thread_does_not_panic() {
+    if let (Ok(urls), Ok(pid)) = (
+        std::env::var("BATCH_ATTACKS_CHILD_URLS"),
+        std::env::var("BATCH_ATTACKS_CHILD_PID"),
+    ) {
+        hung_request_at_thread_exit(urls.split(',').map(str::to_owned).collect(), pid);
+        return;
+    }
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let cluster = main.block_on(Cluster::start(3)).unwrap();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_runtime_dropped_with_its_thread_does_not_panic",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("BATCH_ATTACKS_CHILD_URLS", cluster.urls().join(","))
+        .env(
+            "BATCH_ATTACKS_CHILD_PID",
+            cluster.node(0).pid().unwrap().to_string(),
+        )
+        .output()
+        .unwrap();
+    cluster.node(0).resume();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let panics: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("panicked") || l.contains("cannot access") || l.contains("abort"))
+        .collect();
+    println!("child: {:?}, {panics:?}", out.status);
+    drop(cluster);
+    assert!(
+        out.status.success() && panics.is_empty(),
+        "the child process did not end cleanly: {:?}, {panics:?}",
+        out.status
     );
 }

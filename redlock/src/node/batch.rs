@@ -89,13 +89,18 @@ struct Flushing;
 
 impl Drop for Flushing {
     fn drop(&mut self) {
-        GIVEN_BACK.with(|g| *g.borrow_mut() = None);
+        let _ = GIVEN_BACK.try_with(|g| *g.borrow_mut() = None);
     }
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
-        let nested = GIVEN_BACK.with(|g| {
+        // A thread's locals can be gone already when a runtime kept in one of them is dropped
+        // with the thread, and with it the tasks that hold places: reading `GIVEN_BACK` then
+        // panicked in this destructor, and the process aborted (test `batch_attacks::a_
+        // runtime_dropped_with_its_thread_does_not_abort_the_process`). Such a place is given
+        // back directly (nothing can be sent any more: its runtime is gone).
+        let nested = GIVEN_BACK.try_with(|g| {
             let mut g = g.borrow_mut();
             match g.as_mut() {
                 Some(queued) => {
@@ -108,12 +113,21 @@ impl Drop for Place {
                 }
             }
         });
-        if nested {
-            return;
+        match nested {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(_) => {
+                self.node.flush(&self.live);
+                return;
+            }
         }
         let _flushing = Flushing;
         self.node.flush(&self.live);
-        while let Some((node, live)) = GIVEN_BACK.with(|g| g.borrow_mut().as_mut()?.pop()) {
+        while let Some((node, live)) = GIVEN_BACK
+            .try_with(|g| g.borrow_mut().as_mut()?.pop())
+            .ok()
+            .flatten()
+        {
             node.flush(&live);
         }
     }
