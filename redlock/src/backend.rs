@@ -96,10 +96,12 @@ pub(crate) enum Reply {
     /// Granted / extended / deleted. Stamped acquire grants carry the node's claim: the
     /// server's identity and the stamp it issued. A release that deleted something says, when
     /// the node told, how many subscribers heard its wake-up there (this client's own
-    /// subscription among them).
+    /// subscription among them). An acquire grant says whether it `kept` a key that held its
+    /// token already (re-armed it rather than created it; see `scripts::KEPT`).
     Yes {
         claim: Option<Claim>,
         heard: Option<u32>,
+        kept: bool,
     },
     /// Refused / not ours / already gone.
     No,
@@ -116,7 +118,11 @@ impl Reply {
     /// its wake-up on the node, if known.
     pub(crate) fn released(n: i64, heard: Option<u32>) -> Self {
         if n > 0 {
-            Reply::Yes { claim: None, heard }
+            Reply::Yes {
+                claim: None,
+                heard,
+                kept: false,
+            }
         } else {
             Reply::No
         }

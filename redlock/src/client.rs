@@ -233,14 +233,15 @@ impl Redlock {
     /// # Errors
     /// As [`Redlock::try_acquire`].
     ///
-    /// An attempt with your token never deletes anything, whether it fails, is refused or is
-    /// dropped: the keys holding the token may be a lock you (or whoever gave you the token)
-    /// still hold, and no delete can tell those from keys this attempt wrote. Keys it wrote
-    /// and did not end up holding stay until they are released with the token (take the lock
-    /// again with it, then release) or until the TTL.
+    /// When the attempt fails, is refused or is dropped, it deletes only what it created: on a
+    /// node where a key held your token already (a lock you, or whoever gave you the token,
+    /// may still hold) it deletes nothing there, and on a node that did not answer it deletes
+    /// the keys only if a late answer (within a second) says it created them. Keys it only
+    /// re-armed keep their longer expiry; keys on a node that never answered stay until
+    /// released with the token (take the lock again with it, then release) or until the TTL.
     ///
     /// # Cancel safety
-    /// Dropping the future leaves what the attempt wrote in place (see above).
+    /// As [`Redlock::acquire`], with the cleanup limited as above.
     pub async fn try_acquire_with_token<I, S>(
         &self,
         resources: I,

@@ -547,25 +547,20 @@ impl<B: Backend> Core<B> {
         // waiters were refused by and now wait to hear gone. So does the cleanup of a success
         // thrown away (validity used up, a misconfiguration found).
         //
-        // An attempt with the caller's token has no cleanup: the keys holding that token may be
-        // a lock the caller (or whoever handed it the token) holds, and an owner-checked delete
-        // cannot tell them from the keys the attempt wrote. A re-claim of a held lock that
-        // failed used to delete it while its `Lock` said it was valid, and a rival took it
-        // (tests `api_attacks::a_failed_reclaim_with_the_token_does_not_delete_the_held_lock`,
-        // `a_refused_multi_resource_reclaim_leaves_the_held_lock`). What such an attempt wrote
-        // stays until released with the token, or until the TTL.
-        let cleanup =
-            (!rearm).then(|| attempt_cleanup(keys, &token, Some(self.channels(resources))));
+        // An attempt with the caller's token cleans up only the nodes where it created every
+        // key: the keys holding that token may be a lock the caller (or whoever handed it the
+        // token) still holds (see `engine::State::own_token`).
+        let cleanup = attempt_cleanup(keys, &token, Some(self.channels(resources)));
         let mut phase = Phase::start(
             &self.backend,
             PhaseName::Acquire,
             op,
             Goal::Quorum,
-            cleanup,
+            Some(cleanup),
             first,
         );
         let d = phase.decided().await;
-        if !d.success && !rearm {
+        if !d.success {
             // The cleanup of a failed attempt publishes nothing: the holder still holds the
             // lock, and a wake-up would send every waiter (this one too) into an attempt failing
             // the same way, spending their retry policies in a few round trips.

@@ -256,7 +256,9 @@ impl Decision {
 
 /// What a node's positive answer carried besides the yes: the claim of a stamped grant, and how
 /// many subscribers heard a release's wake-up.
-type Extras = (Option<Claim>, Option<u32>);
+/// What a node's answer carries besides its outcome: a grant's claim, how many subscribers
+/// heard a release's wake-up, and whether an acquire grant kept a key (`Reply::Yes`).
+type Extras = (Option<Claim>, Option<u32>, bool);
 
 /// What the phase knows of one node.
 #[derive(Debug)]
@@ -264,6 +266,11 @@ struct Slot {
     outcome: NodeOutcome,
     claim: Option<Claim>,
     heard: Option<u32>,
+    /// The grant re-armed a key that held the token already, rather than created it.
+    kept: bool,
+    /// A grant that created its keys answered after the node was recorded as timed out (only
+    /// noted for an attempt with the caller's token, see [`State::own_token`]).
+    late_grant: bool,
     /// The cleanup request was sent to it.
     cleaned: bool,
 }
@@ -283,16 +290,27 @@ struct State {
     /// Notified after each node's outcome is recorded (and its cleanup handed over), once
     /// somebody waits for one (see [`Unanswered`]).
     recorded: Option<Arc<Notify>>,
+    /// An acquire with the caller's token (`try_acquire_with_token`). Keys holding that token
+    /// may be a lock the caller, or whoever handed it the token, still holds, and the cleanup's
+    /// owner-checked delete cannot tell them from this attempt's: it goes only to nodes that
+    /// answered that they created every key (not to those that kept one, nor to those whose
+    /// answer is unknown, unless a late answer says it created them). Deleting by the token
+    /// everywhere, a failed re-claim of a held lock deleted it while its `Lock` said it was
+    /// valid, and a rival took it (test `api_attacks::a_failed_reclaim_with_the_token_does_
+    /// not_delete_the_held_lock`).
+    own_token: bool,
 }
 
 impl State {
-    fn new(goal: Goal, n: usize) -> Self {
+    fn new(goal: Goal, n: usize, own_token: bool) -> Self {
         Self {
             slots: (0..n)
                 .map(|_| Slot {
                     outcome: NodeOutcome::Pending,
                     claim: None,
                     heard: None,
+                    kept: false,
+                    late_grant: false,
                     cleaned: false,
                 })
                 .collect(),
@@ -304,12 +322,13 @@ impl State {
             decision: None,
             abandoned: false,
             recorded: None,
+            own_token,
         }
     }
 
     /// Records node `i`'s answer; keeps the decision the first time it is known. Returns whether
     /// the node now needs the cleanup request (attempt abandoned and the node may hold our key).
-    fn settle(&mut self, i: usize, outcome: NodeOutcome, (claim, heard): Extras) -> bool {
+    fn settle(&mut self, i: usize, outcome: NodeOutcome, (claim, heard, kept): Extras) -> bool {
         let counts = match self.goal {
             Goal::Quorum => matches!(outcome, NodeOutcome::Confirmed),
             Goal::NoQuorumLeft => matches!(outcome, NodeOutcome::Confirmed | NodeOutcome::Refused),
@@ -319,6 +338,7 @@ impl State {
         let slot = &mut self.slots[i];
         slot.claim = claim;
         slot.heard = heard;
+        slot.kept = kept;
         slot.outcome = outcome;
         if !self.decided
             && let Some(success) = verdict(self.positive, self.pending, self.needed)
@@ -356,10 +376,12 @@ impl State {
     fn take_cleanup(&mut self, i: usize) -> bool {
         let abandoned = self.abandoned;
         let slot = &mut self.slots[i];
-        let due = abandoned
-            && !slot.cleaned
-            && !matches!(slot.outcome, NodeOutcome::Pending)
-            && slot.outcome.may_hold();
+        let may_hold = if self.own_token {
+            (slot.outcome == NodeOutcome::Confirmed && !slot.kept) || slot.late_grant
+        } else {
+            !matches!(slot.outcome, NodeOutcome::Pending) && slot.outcome.may_hold()
+        };
+        let due = abandoned && !slot.cleaned && may_hold;
         slot.cleaned |= due;
         due
     }
@@ -400,7 +422,8 @@ impl<B: Backend> Phase<B> {
         first: Option<First>,
     ) -> Self {
         let n = backend.len();
-        let state = Arc::new(Mutex::new(State::new(goal, n)));
+        let own_token = matches!(*op, Op::Acquire { rearm: true, .. });
+        let state = Arc::new(Mutex::new(State::new(goal, n, own_token)));
         // Hand the requests over here, in the caller's order; the driver only polls them.
         let now = Instant::now();
         let mut first = first.filter(|f| f.node < n);
@@ -916,6 +939,23 @@ impl<B: Backend> Driver<B> {
         }
     }
 
+    /// A grant that created its keys answered after node `i` was recorded as timed out: an
+    /// attempt with the caller's token, which sends no cleanup to a node it has no answer from,
+    /// cleans it up now if it was given up (or when it is).
+    fn late_grant(&mut self, i: usize) {
+        let due = {
+            let mut st = lock(&self.state);
+            if !st.own_token {
+                return;
+            }
+            st.slots[i].late_grant = true;
+            st.take_cleanup(i)
+        };
+        if let (true, Some(op)) = (due, &self.cleanup) {
+            send_cleanup(&self.backend, i, Arc::clone(op), self.phase);
+        }
+    }
+
     /// The earliest deadline of a node still unsettled; the grace's end once all are.
     fn next_deadline(&self) -> Instant {
         self.calls
@@ -947,10 +987,16 @@ impl<B: Backend> Future for Driver<B> {
             };
             this.calls[i].request = None;
             if this.calls[i].settled {
-                continue; // a late answer, after its node was recorded as timed out
+                // A late answer, after its node was recorded as timed out.
+                if let Ok(Reply::Yes { kept: false, .. }) = answer {
+                    this.late_grant(i);
+                }
+                continue;
             }
             let (outcome, extras) = match answer {
-                Ok(Reply::Yes { claim, heard }) => (NodeOutcome::Confirmed, (claim, heard)),
+                Ok(Reply::Yes { claim, heard, kept }) => {
+                    (NodeOutcome::Confirmed, (claim, heard, kept))
+                }
                 Ok(Reply::No) => (NodeOutcome::Refused, Extras::default()),
                 Err(e) => (NodeOutcome::Failed(e), Extras::default()),
             };

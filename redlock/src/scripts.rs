@@ -21,6 +21,25 @@ impl LuaScript {
 /// connection was opened against (the data was lost, or another server answers).
 pub(crate) const IDENTITY_CHANGED: i64 = -2;
 
+/// An acquire script's grant that found one of its keys holding the token already (it re-armed
+/// that key rather than created it) answers `−(KEPT + value)` instead of `value` (the stamp,
+/// or 1 without stamps). The cleanup of an attempt made with the caller's own token goes only
+/// to nodes where it created every key: a key it kept may be a lock the caller, or whoever
+/// handed it the token, still holds.
+pub(crate) const KEPT: i64 = 10;
+
+/// A grant in an acquire script's answer: its value (the stamp, or 1) and whether it kept a
+/// key that held the token already; `None` for a refusal or an error code.
+pub(crate) fn grant(answer: i64) -> Option<(u64, bool)> {
+    if answer > 0 {
+        Some((answer.unsigned_abs(), false))
+    } else if answer <= -(KEPT + 1) {
+        Some(((-answer - KEPT).unsigned_abs(), true))
+    } else {
+        None
+    }
+}
+
 /// `stretch(key, ttl)`: the owner-checked re-arm every script uses on a key that already holds
 /// the caller's token. It sets the key's expiry to `ttl` ms from now only when that is later
 /// than the expiry it has: a token can be held by more than one client (a lock handed over with
@@ -90,8 +109,9 @@ return {v, now, server}
 ///
 /// Grants when every resource key is free or already holds *our* token (an idempotent re-arm
 /// after an unknown outcome), then issues the node's claim stamp
-/// `max(TIME in µs, last stamp + 1)` and returns it (always ≥ 1). Returns 0 when any key is
-/// held by another token, −2 when the identity record changed; nothing is written then.
+/// `max(TIME in µs, last stamp + 1)` and returns it (always ≥ 1; `−(10 + stamp)` when a key
+/// held our token already, see [`KEPT`]). Returns 0 when any key is held by another token,
+/// −2 when the identity record changed; nothing is written then.
 ///
 /// Shaped for the common case, because server CPU is what limits throughput when several nodes
 /// share a machine: one resource is a single `SET NX PX` (the `GET` only runs on a refusal), and
@@ -104,10 +124,12 @@ pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
         "{IDENTITY_CHECK}{STRETCH}{}",
         r"
 local token, ttl = ARGV[1], ARGV[2]
+local kept = false
 if #KEYS == 3 then
   if not redis.call('SET', KEYS[3], token, 'NX', 'PX', ttl) then
     if redis.call('GET', KEYS[3]) ~= token then return 0 end
     stretch(KEYS[3], ttl)
+    kept = true
   end
 else
   for i = 3, #KEYS do
@@ -115,7 +137,10 @@ else
     if v and v ~= token then return 0 end
   end
   for i = 3, #KEYS do
-    if not redis.call('SET', KEYS[i], token, 'NX', 'PX', ttl) then stretch(KEYS[i], ttl) end
+    if not redis.call('SET', KEYS[i], token, 'NX', 'PX', ttl) then
+      stretch(KEYS[i], ttl)
+      kept = true
+    end
   end
 end
 local t = redis.call('TIME')
@@ -125,6 +150,7 @@ if stamp <= last then
   stamp = last + 1
   redis.call('SET', KEYS[2], string.format('%.0f', stamp))
 end
+if kept then return -10 - stamp end
 return stamp
 "
     );
@@ -132,8 +158,8 @@ return stamp
 });
 
 /// The acquire script without claim stamps (`claim_stamps(false)`): `KEYS[1]` = identity
-/// record, `KEYS[2..]` = resource keys, same arguments; returns 1 on a grant or re-arm, 0 on a
-/// refusal, −2 when the identity record changed. Used for multi-resource locks, re-acquisition
+/// record, `KEYS[2..]` = resource keys, same arguments; returns 1 on a grant (−11 when a key
+/// held our token already, see [`KEPT`]), 0 on a refusal, −2 when the identity record changed. Used for multi-resource locks, re-acquisition
 /// with a known token, the restart quarantine and racing attempts that ask a first node (whose
 /// ranking follows the identity records); a single fresh resource otherwise uses plain
 /// `SET NX PX`.
@@ -146,9 +172,14 @@ for i = 2, #KEYS do
   local v = redis.call('GET', KEYS[i])
   if v and v ~= token then return 0 end
 end
+local kept = false
 for i = 2, #KEYS do
-  if not redis.call('SET', KEYS[i], token, 'NX', 'PX', ARGV[2]) then stretch(KEYS[i], ARGV[2]) end
+  if not redis.call('SET', KEYS[i], token, 'NX', 'PX', ARGV[2]) then
+    stretch(KEYS[i], ARGV[2])
+    kept = true
+  end
 end
+if kept then return -11 end
 return 1
 "
     );
@@ -273,7 +304,8 @@ return {n, heard}
 ///   the wake-up id, then the channels.
 ///
 /// Answers, in one flat array, per request: what its own script answers (the stamp for `A`,
-/// −2 for an acquire when the identity record changed) — for `R` two entries, `removed` then
+/// `−(10 + value)` for a grant that kept a key holding its token already (see [`KEPT`]), −2
+/// for an acquire when the identity record changed) — for `R` two entries, `removed` then
 /// `heard`, written once the release has run — or, for a request that raised an error, one
 /// string starting with `E` instead.
 /// Stamps issued in one batch are strictly increasing, continuing from the node's last stamp.
@@ -307,19 +339,24 @@ end
 local function acquire(k, n, token, ttl)
   if n == 1 then
     if not redis.call('SET', KEYS[k], token, 'NX', 'PX', ttl) then
-      if redis.call('GET', KEYS[k]) ~= token then return false end
+      if redis.call('GET', KEYS[k]) ~= token then return 0 end
       stretch(KEYS[k], ttl)
+      return 2
     end
-    return true
+    return 1
   end
   for i = k, k + n - 1 do
     local v = redis.call('GET', KEYS[i])
-    if v and v ~= token then return false end
+    if v and v ~= token then return 0 end
   end
+  local got = 1
   for i = k, k + n - 1 do
-    if not redis.call('SET', KEYS[i], token, 'NX', 'PX', ttl) then stretch(KEYS[i], ttl) end
+    if not redis.call('SET', KEYS[i], token, 'NX', 'PX', ttl) then
+      stretch(KEYS[i], ttl)
+      got = 2
+    end
   end
-  return true
+  return got
 end
 local function run(kind, k, n, a)
   local token = ARGV[a + 2]
@@ -329,9 +366,12 @@ local function run(kind, k, n, a)
   elseif kind == 'A' or kind == 'U' then
     if same == nil then same = redis.call('GET', KEYS[1]) == ARGV[1] end
     if not same then return -2 end
-    if not acquire(k, n, token, ARGV[a + 3]) then return 0 end
-    if kind == 'A' then return next_stamp() end
-    return 1
+    local got = acquire(k, n, token, ARGV[a + 3])
+    if got == 0 then return 0 end
+    local value = 1
+    if kind == 'A' then value = next_stamp() end
+    if got == 2 then return -10 - value end
+    return value
   elseif kind == 'E' then
     for i = k, k + n - 1 do
       if redis.call('GET', KEYS[i]) ~= token then return 0 end

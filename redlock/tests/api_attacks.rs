@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use redlock::Error;
+use redlock::{Error, Token};
 use redlock_testkit::Cluster;
 
 /// A process holds a valid lock and re-claims it with its own token (the docs call the re-arm
@@ -459,4 +459,92 @@ async fn a_multi_resource_waiter_subscribes_to_its_channels_at_once() {
         "the waiter for 12 resources did not take the lock within 1 s of its release: {r:?} \
          ({after:?} after it)"
     );
+}
+
+/// Two processes that each keep a token contend for one lock with `try_acquire_with_token`, one
+/// node down. Each failed attempt must clean up what it created: when attempts with the
+/// caller's token cleaned up nothing (the first fix of the re-claim above), A's grant stayed on
+/// node 0 and B's on node 1, and nobody — not an ordinary client either — could take the free
+/// lock until the TTL (10 s; found in review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_token_holders_that_split_the_votes_do_not_block_the_lock_for_the_ttl() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let a = common::client(cluster.urls(), Duration::from_secs(10));
+    let b = common::client(cluster.urls(), Duration::from_secs(10));
+    let c = common::client(cluster.urls(), Duration::from_secs(10));
+    let _ = a.connect().await;
+    let _ = b.connect().await;
+    let _ = c.connect().await;
+    cluster.node(2).kill();
+    let (ta, tb) = (Token::random().unwrap(), Token::random().unwrap());
+    // Somebody holds node 0 for 300 ms: B's attempt wins node 1 only.
+    common::set_px(&cluster, 0, "redlock:lock:split", "someone", 300).await;
+    let rb = b.try_acquire_with_token(["split"], &tb).await;
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    // A's attempt wins node 0 only, if B's grant is still on node 1.
+    let ra = a.try_acquire_with_token(["split"], &ta).await;
+    println!(
+        "B: {:?}, A: {:?}",
+        rb.as_ref().map(|_| ()).map_err(ToString::to_string),
+        ra.as_ref().map(|_| ()).map_err(ToString::to_string)
+    );
+    let mut won = match (ra, rb) {
+        (Ok(lock), _) => Some(("A", a.release(lock).await.is_ok())),
+        (_, Ok(lock)) => Some(("B", b.release(lock).await.is_ok())),
+        _ => None,
+    };
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(3) && won.is_none() {
+        if let Ok(lock) = c.try_acquire("split").await {
+            won = Some(("C", c.release(lock).await.is_ok()));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("after {:?}: taken by {won:?}", started.elapsed());
+    assert!(
+        won.is_some(),
+        "nobody took the free lock in 3 s: the failed attempts' grants block it for the TTL"
+    );
+}
+
+/// A `try_acquire_with_token` dropped before its decision (a 20 ms timeout around it, two
+/// nodes hung for 300 ms): the grants the hung nodes make when they resume are cleaned up as
+/// their answers arrive. When attempts with the caller's token cleaned up nothing, the lock
+/// stayed held by nobody on every node for its TTL, and another client waiting 2 s gave up
+/// (found in review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_token_attempt_does_not_hold_the_lock_for_the_ttl() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let a = common::client(cluster.urls(), Duration::from_secs(10));
+    let c = common::client(cluster.urls(), Duration::from_secs(10));
+    let _ = a.connect().await;
+    let _ = c.connect().await;
+    let token = Token::random().unwrap();
+    cluster.node(1).pause();
+    cluster.node(2).pause();
+    let r = tokio::time::timeout(
+        Duration::from_millis(20),
+        a.try_acquire_with_token(["cancelled"], &token),
+    )
+    .await;
+    assert!(r.is_err(), "the attempt was cut short by the timeout");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.node(1).resume();
+    cluster.node(2).resume();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pttls = common::pttls(&cluster, "redlock:lock:cancelled").await;
+    let started = Instant::now();
+    let got = tokio::time::timeout(
+        Duration::from_secs(3),
+        c.lock("cancelled").wait(Duration::from_secs(2)).acquire(),
+    )
+    .await
+    .expect("bounded");
+    println!(
+        "PTTL per node after the cancelled attempt: {pttls:?}; another client: {:?} after {:?}",
+        got.as_ref().map(|_| ()).map_err(ToString::to_string),
+        started.elapsed()
+    );
+    let lock = got.expect("a lock nobody holds stayed taken after a cancelled token attempt");
+    c.release(lock).await.unwrap();
 }

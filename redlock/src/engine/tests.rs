@@ -132,6 +132,7 @@ fn apply(d: &mut NodeData, op: &Op, refuse: bool) -> Reply {
                     stamp_us: d.stamp,
                 }),
                 heard: None,
+                kept: false,
             }
         }
         Op::Extend { keys, token, .. } => {
@@ -142,6 +143,7 @@ fn apply(d: &mut NodeData, op: &Op, refuse: bool) -> Reply {
                 Reply::Yes {
                     claim: None,
                     heard: None,
+                    kept: false,
                 }
             } else {
                 Reply::No
@@ -160,6 +162,7 @@ fn apply(d: &mut NodeData, op: &Op, refuse: bool) -> Reply {
                 Reply::Yes {
                     claim: None,
                     heard: None,
+                    kept: false,
                 }
             } else {
                 Reply::No

@@ -770,6 +770,7 @@ impl RedisNode {
             Ok(Some(_)) => Ok(Reply::Yes {
                 claim: None,
                 heard: None,
+                kept: false,
             }),
             Ok(None) => Ok(Reply::No),
             Err(e) => Err(self.failed(live, &e, token)),
@@ -838,14 +839,17 @@ impl RedisNode {
                     "the server's identity record changed since the connection was opened (data loss or another server); nothing granted, reconnecting",
                 ))
             }
-            n if n > 0 => Ok(Reply::Yes {
-                claim: stamped.then(|| Claim {
-                    node: Arc::clone(&live.id),
-                    stamp_us: n.unsigned_abs(),
-                }),
-                heard: None,
+            n => Ok(match scripts::grant(n) {
+                Some((value, kept)) => Reply::Yes {
+                    claim: stamped.then(|| Claim {
+                        node: Arc::clone(&live.id),
+                        stamp_us: value,
+                    }),
+                    heard: None,
+                    kept,
+                },
+                None => Reply::No,
             }),
-            _ => Ok(Reply::No),
         }
     }
 

@@ -307,6 +307,7 @@ impl SimNode {
                 Resp::Bool(true) => Ok(Reply::Yes {
                     claim: None,
                     heard: None,
+                    kept: false,
                 }),
                 Resp::Bool(false) => Ok(Reply::No),
                 other => Err(unexpected(&other)),
@@ -339,14 +340,17 @@ impl SimNode {
                     "the server's identity record changed since the connection was opened (data loss or another server); nothing granted, reconnecting",
                 ))
             }
-            n if n > 0 => Ok(Reply::Yes {
-                claim: stamped.then(|| Claim {
-                    node: Arc::clone(&live.id),
-                    stamp_us: n.unsigned_abs(),
-                }),
-                heard: None,
+            n => Ok(match crate::scripts::grant(n) {
+                Some((value, kept)) => Reply::Yes {
+                    claim: stamped.then(|| Claim {
+                        node: Arc::clone(&live.id),
+                        stamp_us: value,
+                    }),
+                    heard: None,
+                    kept,
+                },
+                None => Reply::No,
             }),
-            _ => Ok(Reply::No),
         }
     }
 

@@ -448,6 +448,16 @@ impl Node {
                 }
                 let t = token.expose();
                 let expires = Some(ms.saturating_add(ttl(ttl_ms)));
+                // As the scripts: a key holding the token already is re-armed and reported
+                // (`scripts::KEPT`).
+                let kept = keys.iter().any(|k| self.get(ms, k) == Some(t));
+                let answer = |value: i64| {
+                    if kept {
+                        -crate::scripts::KEPT - value
+                    } else {
+                        value
+                    }
+                };
                 if stamp.is_some() && keys.len() == 1 {
                     let k = &keys[0];
                     match self.get(ms, k) {
@@ -464,7 +474,7 @@ impl Node {
                     }
                 }
                 let Some(stamp) = stamp else {
-                    return Resp::Int(1);
+                    return Resp::Int(answer(1));
                 };
                 let last = self
                     .get(ms, &stamp)
@@ -472,7 +482,7 @@ impl Node {
                     .unwrap_or(0);
                 let issued = if us > last { us } else { last + 1 };
                 self.set(&stamp, &issued.to_string(), None);
-                Resp::Int(issued)
+                Resp::Int(answer(issued))
             }
             Call::Extend {
                 keys,

@@ -55,6 +55,16 @@ pub async fn set(cluster: &Cluster, i: usize, key: &str, value: &str) {
     let () = c.set(key, value).await.expect("SET");
 }
 
+/// Writes `key` on node `i` directly, expiring after `ms` milliseconds.
+pub async fn set_px(cluster: &Cluster, i: usize, key: &str, value: &str, ms: u64) {
+    let mut c = cluster
+        .node(i)
+        .connection()
+        .await
+        .expect("direct connection");
+    let () = c.pset_ex(key, value, ms).await.expect("SET PX");
+}
+
 /// `PTTL` of `key` on every node, in node order (−2 = no such key, −1 = no expiry).
 pub async fn pttls(cluster: &Cluster, key: &str) -> Vec<i64> {
     let mut out = Vec::new();
