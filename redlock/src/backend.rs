@@ -114,6 +114,22 @@ impl Reply {
         Self::released(n, None)
     }
 
+    /// An acquire script's answer other than an error code (see `scripts::grant`): a grant,
+    /// with the node's claim when `stamped` (`node` = the server's identity), or a refusal.
+    pub(crate) fn acquired(answer: i64, stamped: bool, node: &Arc<str>) -> Self {
+        match crate::scripts::grant(answer) {
+            Some((value, kept)) => Reply::Yes {
+                claim: stamped.then(|| Claim {
+                    node: Arc::clone(node),
+                    stamp_us: value,
+                }),
+                heard: None,
+                kept,
+            },
+            None => Reply::No,
+        }
+    }
+
     /// A release's answer: `Yes` when it deleted anything, with how many subscribers heard
     /// its wake-up on the node, if known.
     pub(crate) fn released(n: i64, heard: Option<u32>) -> Self {

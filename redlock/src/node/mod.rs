@@ -18,7 +18,6 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::backend::{Backend, Batch, Op, Renewed, Reply};
-use crate::claim::Claim;
 use crate::engine;
 use crate::error::{ConfigError, NodeError, NodeErrorKind};
 use crate::scripts::{self, LuaScript};
@@ -839,17 +838,7 @@ impl RedisNode {
                     "the server's identity record changed since the connection was opened (data loss or another server); nothing granted, reconnecting",
                 ))
             }
-            n => Ok(match scripts::grant(n) {
-                Some((value, kept)) => Reply::Yes {
-                    claim: stamped.then(|| Claim {
-                        node: Arc::clone(&live.id),
-                        stamp_us: value,
-                    }),
-                    heard: None,
-                    kept,
-                },
-                None => Reply::No,
-            }),
+            n => Ok(Reply::acquired(n, stamped, &live.id)),
         }
     }
 

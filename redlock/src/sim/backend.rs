@@ -16,7 +16,6 @@ use tokio::time::Instant;
 
 use super::world::{Call, Conn, Inner, Req, Resp, lock};
 use crate::backend::{Backend, Batch, Op, Renewed, Reply};
-use crate::claim::Claim;
 use crate::config::Config;
 use crate::engine;
 use crate::error::SubError;
@@ -340,17 +339,7 @@ impl SimNode {
                     "the server's identity record changed since the connection was opened (data loss or another server); nothing granted, reconnecting",
                 ))
             }
-            n => Ok(match crate::scripts::grant(n) {
-                Some((value, kept)) => Reply::Yes {
-                    claim: stamped.then(|| Claim {
-                        node: Arc::clone(&live.id),
-                        stamp_us: value,
-                    }),
-                    heard: None,
-                    kept,
-                },
-                None => Reply::No,
-            }),
+            n => Ok(Reply::acquired(n, stamped, &live.id)),
         }
     }
 
