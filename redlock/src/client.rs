@@ -233,12 +233,12 @@ impl Redlock {
     /// # Errors
     /// As [`Redlock::try_acquire`].
     ///
-    /// When the attempt fails, is refused or is dropped, it deletes only what it created: on a
-    /// node where a key held your token already (a lock you, or whoever gave you the token,
-    /// may still hold) it deletes nothing there, and on a node that did not answer it deletes
-    /// the keys only if a late answer (within a second) says it created them. Keys it only
-    /// re-armed keep their longer expiry; keys on a node that never answered stay until
-    /// released with the token (take the lock again with it, then release) or until the TTL.
+    /// When the attempt fails, is refused or is dropped, it deletes only what it created, on
+    /// nodes that answered in time that they created every key: on a node where a key held
+    /// your token already (a lock you, or whoever gave you the token, may still hold) it
+    /// deletes nothing, nor on a node whose answer is unknown or late. Keys it re-armed keep
+    /// their longer expiry; keys it wrote where it deletes nothing stay until released with
+    /// the token (take the lock again with it, then release) or until the TTL.
     ///
     /// # Cancel safety
     /// As [`Redlock::acquire`], with the cleanup limited as above.

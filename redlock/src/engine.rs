@@ -268,9 +268,6 @@ struct Slot {
     heard: Option<u32>,
     /// The grant re-armed a key that held the token already, rather than created it.
     kept: bool,
-    /// A grant that created its keys answered after the node was recorded as timed out (only
-    /// noted for an attempt with the caller's token, see [`State::own_token`]).
-    late_grant: bool,
     /// The cleanup request was sent to it.
     cleaned: bool,
 }
@@ -293,11 +290,13 @@ struct State {
     /// An acquire with the caller's token (`try_acquire_with_token`). Keys holding that token
     /// may be a lock the caller, or whoever handed it the token, still holds, and the cleanup's
     /// owner-checked delete cannot tell them from this attempt's: it goes only to nodes that
-    /// answered that they created every key (not to those that kept one, nor to those whose
-    /// answer is unknown, unless a late answer says it created them). Deleting by the token
-    /// everywhere, a failed re-claim of a held lock deleted it while its `Lock` said it was
-    /// valid, and a rival took it (test `api_attacks::a_failed_reclaim_with_the_token_does_
-    /// not_delete_the_held_lock`).
+    /// answered, in time, that they created every key — not to those that kept one, nor to
+    /// those whose answer is unknown or late. Deleting by the token everywhere, a failed
+    /// re-claim of a held lock deleted it while its `Lock` said it was valid, and a rival took
+    /// it (test `api_attacks::a_failed_reclaim_with_the_token_does_not_delete_the_held_lock`).
+    /// A late answer's cleanup goes behind whatever the caller sent since, and deleted the
+    /// keys a retry with the same token had just taken (test `api_attacks::a_late_grant_
+    /// cleanup_does_not_delete_the_retried_lock`: a rival took the lock).
     own_token: bool,
 }
 
@@ -310,7 +309,6 @@ impl State {
                     claim: None,
                     heard: None,
                     kept: false,
-                    late_grant: false,
                     cleaned: false,
                 })
                 .collect(),
@@ -377,7 +375,7 @@ impl State {
         let abandoned = self.abandoned;
         let slot = &mut self.slots[i];
         let may_hold = if self.own_token {
-            (slot.outcome == NodeOutcome::Confirmed && !slot.kept) || slot.late_grant
+            slot.outcome == NodeOutcome::Confirmed && !slot.kept
         } else {
             !matches!(slot.outcome, NodeOutcome::Pending) && slot.outcome.may_hold()
         };
@@ -939,23 +937,6 @@ impl<B: Backend> Driver<B> {
         }
     }
 
-    /// A grant that created its keys answered after node `i` was recorded as timed out: an
-    /// attempt with the caller's token, which sends no cleanup to a node it has no answer from,
-    /// cleans it up now if it was given up (or when it is).
-    fn late_grant(&mut self, i: usize) {
-        let due = {
-            let mut st = lock(&self.state);
-            if !st.own_token {
-                return;
-            }
-            st.slots[i].late_grant = true;
-            st.take_cleanup(i)
-        };
-        if let (true, Some(op)) = (due, &self.cleanup) {
-            send_cleanup(&self.backend, i, Arc::clone(op), self.phase);
-        }
-    }
-
     /// The earliest deadline of a node still unsettled; the grace's end once all are.
     fn next_deadline(&self) -> Instant {
         self.calls
@@ -987,11 +968,7 @@ impl<B: Backend> Future for Driver<B> {
             };
             this.calls[i].request = None;
             if this.calls[i].settled {
-                // A late answer, after its node was recorded as timed out.
-                if let Ok(Reply::Yes { kept: false, .. }) = answer {
-                    this.late_grant(i);
-                }
-                continue;
+                continue; // a late answer, after its node was recorded as timed out
             }
             let (outcome, extras) = match answer {
                 Ok(Reply::Yes { claim, heard, kept }) => {

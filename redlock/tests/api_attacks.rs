@@ -508,11 +508,16 @@ async fn two_token_holders_that_split_the_votes_do_not_block_the_lock_for_the_tt
 }
 
 /// A `try_acquire_with_token` dropped before its decision (a 20 ms timeout around it, two
-/// nodes hung for 300 ms): the grants the hung nodes make when they resume are cleaned up as
-/// their answers arrive. When attempts with the caller's token cleaned up nothing, the lock
-/// stayed held by nobody on every node for its TTL, and another client waiting 2 s gave up
-/// (found in review).
+/// nodes hung for 300 ms): the grants the hung nodes make when they resume should not hold
+/// the lock for its TTL. With no cleanup of them, the lock stays held by nobody on a quorum
+/// for its TTL ([9376, 9697, 9698]), and another client waiting 2 s gives up (found in
+/// review).
+///
+/// A known problem again: the cleanup of such late grants (sent when their answer came) was
+/// removed, because it also deleted the keys a retry with the same token had taken meanwhile
+/// (`a_late_grant_cleanup_does_not_delete_the_retried_lock`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known problem (docs/protocol.md): late grants of an attempt with the caller's token stay for the TTL"]
 async fn a_cancelled_token_attempt_does_not_hold_the_lock_for_the_ttl() {
     let cluster = Cluster::start(3).await.unwrap();
     let a = common::client(cluster.urls(), Duration::from_secs(10));
@@ -547,4 +552,80 @@ async fn a_cancelled_token_attempt_does_not_hold_the_lock_for_the_ttl() {
     );
     let lock = got.expect("a lock nobody holds stayed taken after a cancelled token attempt");
     c.release(lock).await.unwrap();
+}
+
+/// `try_acquire_with_token` fails because nodes 1 and 2 stall (paused past the 50 ms node
+/// timeout); the caller retries right away with the same token, as the docs suggest for an
+/// unknown outcome, and the nodes resume within the retry's budget. On nodes 1 and 2 the first
+/// attempt's queued request creates the key, the retry's request finds it (kept) and the retry
+/// succeeds. Then the first attempt's late answer ("created") arrives and its late-grant
+/// cleanup — an owner-checked delete by the same token — deleted the keys the valid lock now
+/// stands on, and a rival took the lock while the retry's `Lock` said valid (PTTL [9691, -2,
+/// -2]; found in review of that cleanup, which is gone again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_grant_cleanup_does_not_delete_the_retried_lock() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let a = common::client(cluster.urls(), Duration::from_secs(10));
+    let rival = common::client(cluster.urls(), Duration::from_secs(10));
+    let _ = a.connect().await;
+    let _ = rival.connect().await;
+    let token = Token::random().unwrap();
+
+    cluster.node(1).pause();
+    cluster.node(2).pause();
+    let first = tokio::time::timeout(
+        Duration::from_secs(3),
+        a.try_acquire_with_token(["late"], &token),
+    )
+    .await
+    .expect("bounded");
+    println!(
+        "first attempt: {:?}",
+        first.as_ref().map(|_| ()).map_err(ToString::to_string)
+    );
+    assert!(first.is_err(), "two nodes stalled: the first attempt fails");
+    drop(first);
+
+    // Retry at once with the same token; resume the nodes inside its 50 ms budget.
+    let a2 = a.clone();
+    let t2 = token.clone();
+    let retry = tokio::spawn(async move {
+        tokio::time::timeout(
+            Duration::from_secs(3),
+            a2.try_acquire_with_token(["late"], &t2),
+        )
+        .await
+        .expect("bounded")
+    });
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    cluster.node(1).resume();
+    cluster.node(2).resume();
+    let lock = retry.await.unwrap();
+    println!(
+        "retry with the same token: {:?}",
+        lock.as_ref()
+            .map(|l| l.remaining())
+            .map_err(ToString::to_string)
+    );
+    let Ok(lock) = lock else {
+        panic!("the retry was expected to succeed once the nodes resumed");
+    };
+    // Let the late answers and their cleanups arrive.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pttls = common::pttls(&cluster, "redlock:lock:late").await;
+    let rival_got = rival.try_acquire("late").await;
+    println!(
+        "PTTL per node while the retried lock says valid ({:?} left): {pttls:?}; rival: {:?}",
+        lock.remaining(),
+        rival_got.as_ref().map(|_| ()).map_err(ToString::to_string)
+    );
+    assert!(lock.is_valid());
+    assert!(
+        rival_got.is_err(),
+        "a rival took the lock while the retried lock was valid (PTTL {pttls:?})"
+    );
+    assert!(
+        pttls.iter().filter(|&&p| p > 0).count() >= 2,
+        "the valid lock lost its quorum: PTTL {pttls:?}"
+    );
 }
