@@ -234,11 +234,13 @@ impl Redlock {
     /// As [`Redlock::try_acquire`].
     ///
     /// When the attempt fails, is refused or is dropped, it deletes only what it created, on
-    /// nodes that answered in time that they created every key: on a node where a key held
-    /// your token already (a lock you, or whoever gave you the token, may still hold) it
-    /// deletes nothing, nor on a node whose answer is unknown or late. Keys it re-armed keep
+    /// nodes that answered within their budget that they created every key: on a node where a
+    /// key held your token already (a lock you, or whoever gave you the token, may still hold)
+    /// it deletes nothing, nor on a node that did not answer in time. Keys it re-armed keep
     /// their longer expiry; keys it wrote where it deletes nothing stay until released with
-    /// the token (take the lock again with it, then release) or until the TTL.
+    /// the token (take the lock again with it, then release) or until the TTL. A call with a
+    /// token this client's earlier attempts still wait for answers with first waits for them
+    /// (at most five node timeouts), so that their cleanup cannot delete what this call takes.
     ///
     /// # Cancel safety
     /// As [`Redlock::acquire`], with the cleanup limited as above.

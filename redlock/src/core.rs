@@ -98,6 +98,9 @@ pub(crate) struct Core<B> {
     /// `Core::check_first_node`).
     checking: Arc<[std::sync::atomic::AtomicBool]>,
     born: Instant,
+    /// Attempts with a caller's token whose answers were still out when they ended, by token
+    /// (see `Core::same_token`).
+    own_token_unanswered: std::sync::Mutex<Vec<(Token, engine::Unanswered)>>,
     /// Per node: where the first node's ranking starts until the backend knows the server
     /// ([`Backend::rank_seed`]): the normalised address or configured name (set by the builder).
     rank_seeds: Arc<[u64]>,
@@ -229,6 +232,11 @@ fn refused_unpublished(err: &Error, interest: &Interest) -> Option<usize> {
     })
 }
 
+/// The registry of attempts with a caller's token, however a holder of its lock panicked.
+fn lock_registry<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// `limit`, cut to what is left until the retry policy's `deadline` (no attempt starts after it).
 fn until_deadline(limit: Duration, deadline: Option<Instant>) -> Duration {
     deadline.map_or(limit, |d| {
@@ -292,6 +300,7 @@ impl<B: Backend> Core<B> {
                 .map(|_| std::sync::atomic::AtomicBool::new(false))
                 .collect(),
             born: Instant::now(),
+            own_token_unanswered: std::sync::Mutex::new(Vec::new()),
             rank_seeds,
         }
     }
@@ -402,6 +411,32 @@ impl<B: Backend> Core<B> {
             .map(|r| format!("{}{r}", self.channel_prefix))
             .collect();
         futures_util::future::join_all(channels.iter().map(|c| waiters.interest(c, deadline))).await
+    }
+
+    /// Waits until the earlier attempts of this client with the caller's `token` that were
+    /// still waiting for nodes have their answers (or gave up on them): a grant among those
+    /// answers that the attempt created is cleaned up when it arrives, and that delete must
+    /// reach the node before this attempt's request, not after it. Sent after, it deleted the
+    /// keys a retry with the same token had just kept, and a rival took the lock (tests
+    /// `api_attacks::a_dropped_token_attempt_does_not_delete_the_retried_lock`, `a_late_grant_
+    /// cleanup_does_not_delete_the_retried_lock`). At most five node timeouts (the longest
+    /// budget of a request that waited for its connection), and never past `deadline`.
+    async fn same_token(&self, token: &Token, deadline: Option<Instant>) {
+        let earlier: Vec<engine::Unanswered> = {
+            let mut registry = lock_registry(&self.own_token_unanswered);
+            registry.retain(|(_, u)| u.any());
+            registry
+                .iter()
+                .filter(|(t, _)| t == token)
+                .map(|(_, u)| u.clone())
+                .collect()
+        };
+        let until = Instant::now() + until_deadline(self.config.node_timeout * 5, deadline);
+        for earlier in &earlier {
+            for node in 0..self.backend.len() {
+                earlier.answered(node, until).await;
+            }
+        }
     }
 
     /// The wake-up channel of each resource.
@@ -559,6 +594,9 @@ impl<B: Backend> Core<B> {
             Some(cleanup),
             first,
         );
+        if rearm && let Some(out) = phase.unanswered() {
+            lock_registry(&self.own_token_unanswered).push((token.clone(), out));
+        }
         let d = phase.decided().await;
         if !d.success {
             // The cleanup of a failed attempt publishes nothing: the holder still holds the
@@ -694,6 +732,9 @@ impl<B: Backend> Core<B> {
             let mut after_release = false;
             // Failed attempts whose requests to some nodes were still out (see below).
             let mut unanswered: Vec<engine::Unanswered> = Vec::new();
+            if let Some(token) = token {
+                self.same_token(token, deadline).await;
+            }
             // The wait for the first node's message of the release heard was skipped before
             // the next attempt: the node was not known to hold the lock (see below).
             let mut first_skipped = false;

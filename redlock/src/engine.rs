@@ -290,8 +290,10 @@ struct State {
     /// An acquire with the caller's token (`try_acquire_with_token`). Keys holding that token
     /// may be a lock the caller, or whoever handed it the token, still holds, and the cleanup's
     /// owner-checked delete cannot tell them from this attempt's: it goes only to nodes that
-    /// answered, in time, that they created every key — not to those that kept one, nor to
-    /// those whose answer is unknown or late. Deleting by the token everywhere, a failed
+    /// answered within their budget that they created every key — not to those that kept one,
+    /// nor to those that did not answer in time. (A cleanup sent on an answer that came after
+    /// the attempt ended goes behind what the caller sent since; the client makes its next
+    /// attempt with the same token wait for such answers: `Core::same_token`.) Deleting by the token everywhere, a failed
     /// re-claim of a held lock deleted it while its `Lock` said it was valid, and a rival took
     /// it (test `api_attacks::a_failed_reclaim_with_the_token_does_not_delete_the_held_lock`).
     /// A late answer's cleanup goes behind whatever the caller sent since, and deleted the
@@ -584,6 +586,7 @@ impl<B: Backend> Drop for Phase<B> {
 /// The requests of an attempt given up on whose answers were still out. A grant among them is
 /// cleaned up once it arrives; until then it refuses the next attempt of the same lock at that
 /// node, as if somebody else held it.
+#[derive(Clone)]
 pub(crate) struct Unanswered(Arc<Mutex<State>>);
 
 impl Unanswered {

@@ -629,3 +629,59 @@ async fn a_late_grant_cleanup_does_not_delete_the_retried_lock() {
         "the valid lock lost its quorum: PTTL {pttls:?}"
     );
 }
+
+/// The same race with answers that come in time: a `try_acquire_with_token` dropped by its
+/// caller (a 10 ms timeout) while its requests are on their way over 30 ms links, and retried
+/// at once with the same token. The first attempt's grants answer after it was dropped; a
+/// cleanup sent then goes behind the retry's requests and deletes the keys the retry kept.
+/// An attempt with the caller's token may clean up only what had answered when it ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_token_attempt_does_not_delete_the_retried_lock() {
+    let cluster = Cluster::builder()
+        .nodes(3)
+        .proxied(true)
+        .start()
+        .await
+        .unwrap();
+    let a = redlock::Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(10))
+        .node_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let rival = common::client(cluster.urls(), Duration::from_secs(10));
+    let _ = a.connect().await;
+    let _ = rival.connect().await;
+    for i in 0..3 {
+        let link = cluster.node(i).proxy().unwrap();
+        link.set_delay(Duration::from_millis(30), Duration::ZERO);
+    }
+    let token = Token::random().unwrap();
+    let first = tokio::time::timeout(
+        Duration::from_millis(10),
+        a.try_acquire_with_token(["dropped"], &token),
+    )
+    .await;
+    assert!(first.is_err(), "the first attempt was cut short");
+    let lock = a
+        .try_acquire_with_token(["dropped"], &token)
+        .await
+        .expect("the retry takes the lock");
+    for i in 0..3 {
+        cluster.node(i).proxy().unwrap().heal();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pttls = common::pttls(&cluster, "redlock:lock:dropped").await;
+    let rival_got = rival.try_acquire("dropped").await;
+    println!(
+        "PTTL per node while the retried lock says valid ({:?} left): {pttls:?}; rival: {:?}",
+        lock.remaining(),
+        rival_got.as_ref().map(|_| ()).map_err(ToString::to_string)
+    );
+    assert!(lock.is_valid());
+    assert!(
+        rival_got.is_err(),
+        "a rival took the lock while the retried lock was valid (PTTL {pttls:?})"
+    );
+    a.release(lock).await.unwrap();
+}
