@@ -239,8 +239,9 @@ impl Redlock {
     /// it deletes nothing, nor on a node that did not answer in time. Keys it re-armed keep
     /// their longer expiry; keys it wrote where it deletes nothing stay until released with
     /// the token (take the lock again with it, then release) or until the TTL. A call with a
-    /// token this client's earlier attempts still wait for answers with first waits for them
-    /// (at most five node timeouts), so that their cleanup cannot delete what this call takes.
+    /// token whose earlier attempts (by any client of the same nodes in this process) still
+    /// wait for answers first waits for them (at most five node timeouts), so that their
+    /// cleanup cannot delete what this call takes. Another process is not waited for.
     ///
     /// # Cancel safety
     /// As [`Redlock::acquire`], with the cleanup limited as above.

@@ -98,9 +98,6 @@ pub(crate) struct Core<B> {
     /// `Core::check_first_node`).
     checking: Arc<[std::sync::atomic::AtomicBool]>,
     born: Instant,
-    /// Attempts with a caller's token whose answers were still out when they ended, by token
-    /// (see `Core::same_token`).
-    own_token_unanswered: std::sync::Mutex<Vec<(Token, engine::Unanswered)>>,
     /// Per node: where the first node's ranking starts until the backend knows the server
     /// ([`Backend::rank_seed`]): the normalised address or configured name (set by the builder).
     rank_seeds: Arc<[u64]>,
@@ -232,6 +229,14 @@ fn refused_unpublished(err: &Error, interest: &Interest) -> Option<usize> {
     })
 }
 
+/// Attempts with a caller's token whose answers were still out, by node list and token (see
+/// `Core::same_token`). Process-wide: a second client of the same nodes re-claiming the token
+/// after the first one's attempt was dropped did not wait for it, and that attempt's cleanup
+/// deleted what the second one kept (test `api_attacks::a_second_client_reclaiming_the_token_
+/// keeps_its_lock`: a rival took the lock).
+type OwnTokenAttempts = Vec<(Arc<str>, Token, engine::Unanswered)>;
+static OWN_TOKEN_UNANSWERED: std::sync::Mutex<OwnTokenAttempts> = std::sync::Mutex::new(Vec::new());
+
 /// The registry of attempts with a caller's token, however a holder of its lock panicked.
 fn lock_registry<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -300,7 +305,6 @@ impl<B: Backend> Core<B> {
                 .map(|_| std::sync::atomic::AtomicBool::new(false))
                 .collect(),
             born: Instant::now(),
-            own_token_unanswered: std::sync::Mutex::new(Vec::new()),
             rank_seeds,
         }
     }
@@ -413,8 +417,8 @@ impl<B: Backend> Core<B> {
         futures_util::future::join_all(channels.iter().map(|c| waiters.interest(c, deadline))).await
     }
 
-    /// Waits until the earlier attempts of this client with the caller's `token` that were
-    /// still waiting for nodes have their answers (or gave up on them): a grant among those
+    /// Waits until the earlier attempts with the caller's `token` on these nodes, made by any
+    /// client of this process, that were still waiting for nodes have their answers (or gave up on them): a grant among those
     /// answers that the attempt created is cleaned up when it arrives, and that delete must
     /// reach the node before this attempt's request, not after it. Sent after, it deleted the
     /// keys a retry with the same token had just kept, and a rival took the lock (tests
@@ -423,12 +427,12 @@ impl<B: Backend> Core<B> {
     /// budget of a request that waited for its connection), and never past `deadline`.
     async fn same_token(&self, token: &Token, deadline: Option<Instant>) {
         let earlier: Vec<engine::Unanswered> = {
-            let mut registry = lock_registry(&self.own_token_unanswered);
-            registry.retain(|(_, u)| u.any());
+            let mut registry = lock_registry(&OWN_TOKEN_UNANSWERED);
+            registry.retain(|(_, _, u)| u.any());
             registry
                 .iter()
-                .filter(|(t, _)| t == token)
-                .map(|(_, u)| u.clone())
+                .filter(|(origin, t, _)| t == token && **origin == *self.origin)
+                .map(|(_, _, u)| u.clone())
                 .collect()
         };
         let until = Instant::now() + until_deadline(self.config.node_timeout * 5, deadline);
@@ -595,7 +599,9 @@ impl<B: Backend> Core<B> {
             first,
         );
         if rearm && let Some(out) = phase.unanswered() {
-            lock_registry(&self.own_token_unanswered).push((token.clone(), out));
+            let mut registry = lock_registry(&OWN_TOKEN_UNANSWERED);
+            registry.retain(|(_, _, u)| u.any());
+            registry.push((Arc::clone(&self.origin), token.clone(), out));
         }
         let d = phase.decided().await;
         if !d.success {

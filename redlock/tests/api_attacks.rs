@@ -685,3 +685,62 @@ async fn a_dropped_token_attempt_does_not_delete_the_retried_lock() {
     );
     a.release(lock).await.unwrap();
 }
+
+/// The same with two clients of the same nodes in one process: X's attempt with the token is
+/// dropped, Y re-claims with it at once. Y must wait for X's answers like X's own retry would:
+/// when the attempts waited for were only the same client's, X's late cleanup deleted what Y
+/// kept, and a rival took the lock while Y's lock said valid ([-2, -2, -2]; found in review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_client_reclaiming_the_token_keeps_its_lock() {
+    let cluster = Cluster::builder()
+        .nodes(3)
+        .proxied(true)
+        .start()
+        .await
+        .unwrap();
+    let client = || {
+        redlock::Redlock::builder()
+            .nodes(cluster.urls())
+            .ttl(Duration::from_secs(10))
+            .node_timeout(Duration::from_millis(200))
+            .build()
+            .unwrap()
+    };
+    let (x, y) = (client(), client());
+    let rival = common::client(cluster.urls(), Duration::from_secs(10));
+    let _ = x.connect().await;
+    let _ = y.connect().await;
+    let _ = rival.connect().await;
+    for i in 0..3 {
+        let link = cluster.node(i).proxy().unwrap();
+        link.set_delay(Duration::from_millis(30), Duration::ZERO);
+    }
+    let token = Token::random().unwrap();
+    let first = tokio::time::timeout(
+        Duration::from_millis(10),
+        x.try_acquire_with_token(["two-clients"], &token),
+    )
+    .await;
+    assert!(first.is_err(), "X's attempt was cut short");
+    let lock = y
+        .try_acquire_with_token(["two-clients"], &token)
+        .await
+        .expect("Y takes the lock");
+    for i in 0..3 {
+        cluster.node(i).proxy().unwrap().heal();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pttls = common::pttls(&cluster, "redlock:lock:two-clients").await;
+    let rival_got = rival.try_acquire("two-clients").await;
+    println!(
+        "PTTL per node while Y's lock says valid ({:?} left): {pttls:?}; rival: {:?}",
+        lock.remaining(),
+        rival_got.as_ref().map(|_| ()).map_err(ToString::to_string)
+    );
+    assert!(lock.is_valid());
+    assert!(
+        rival_got.is_err(),
+        "two holders: a rival took the lock while Y's lock was valid (PTTL {pttls:?})"
+    );
+    y.release(lock).await.unwrap();
+}
