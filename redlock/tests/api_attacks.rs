@@ -637,53 +637,7 @@ async fn a_late_grant_cleanup_does_not_delete_the_retried_lock() {
 /// An attempt with the caller's token may clean up only what had answered when it ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_token_attempt_does_not_delete_the_retried_lock() {
-    let cluster = Cluster::builder()
-        .nodes(3)
-        .proxied(true)
-        .start()
-        .await
-        .unwrap();
-    let a = redlock::Redlock::builder()
-        .nodes(cluster.urls())
-        .ttl(Duration::from_secs(10))
-        .node_timeout(Duration::from_millis(200))
-        .build()
-        .unwrap();
-    let rival = common::client(cluster.urls(), Duration::from_secs(10));
-    let _ = a.connect().await;
-    let _ = rival.connect().await;
-    for i in 0..3 {
-        let link = cluster.node(i).proxy().unwrap();
-        link.set_delay(Duration::from_millis(30), Duration::ZERO);
-    }
-    let token = Token::random().unwrap();
-    let first = tokio::time::timeout(
-        Duration::from_millis(10),
-        a.try_acquire_with_token(["dropped"], &token),
-    )
-    .await;
-    assert!(first.is_err(), "the first attempt was cut short");
-    let lock = a
-        .try_acquire_with_token(["dropped"], &token)
-        .await
-        .expect("the retry takes the lock");
-    for i in 0..3 {
-        cluster.node(i).proxy().unwrap().heal();
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let pttls = common::pttls(&cluster, "redlock:lock:dropped").await;
-    let rival_got = rival.try_acquire("dropped").await;
-    println!(
-        "PTTL per node while the retried lock says valid ({:?} left): {pttls:?}; rival: {:?}",
-        lock.remaining(),
-        rival_got.as_ref().map(|_| ()).map_err(ToString::to_string)
-    );
-    assert!(lock.is_valid());
-    assert!(
-        rival_got.is_err(),
-        "a rival took the lock while the retried lock was valid (PTTL {pttls:?})"
-    );
-    a.release(lock).await.unwrap();
+    reclaim_right_after_a_dropped_attempt("dropped", false).await;
 }
 
 /// The same with two clients of the same nodes in one process: X's attempt with the token is
@@ -692,6 +646,13 @@ async fn a_dropped_token_attempt_does_not_delete_the_retried_lock() {
 /// kept, and a rival took the lock while Y's lock said valid ([-2, -2, -2]; found in review).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_client_reclaiming_the_token_keeps_its_lock() {
+    reclaim_right_after_a_dropped_attempt("two-clients", true).await;
+}
+
+/// Over 30 ms links, an attempt with a fresh token on `resource` is cut short by a 10 ms
+/// timeout, and the same token re-claims it at once — through the same client, or through a
+/// second client of the same nodes. The re-claimed lock must keep its keys.
+async fn reclaim_right_after_a_dropped_attempt(resource: &str, second_client: bool) {
     let cluster = Cluster::builder()
         .nodes(3)
         .proxied(true)
@@ -706,10 +667,15 @@ async fn a_second_client_reclaiming_the_token_keeps_its_lock() {
             .build()
             .unwrap()
     };
-    let (x, y) = (client(), client());
+    let first_client = client();
+    let retrier = if second_client {
+        client()
+    } else {
+        first_client.clone()
+    };
     let rival = common::client(cluster.urls(), Duration::from_secs(10));
-    let _ = x.connect().await;
-    let _ = y.connect().await;
+    let _ = first_client.connect().await;
+    let _ = retrier.connect().await;
     let _ = rival.connect().await;
     for i in 0..3 {
         let link = cluster.node(i).proxy().unwrap();
@@ -718,29 +684,29 @@ async fn a_second_client_reclaiming_the_token_keeps_its_lock() {
     let token = Token::random().unwrap();
     let first = tokio::time::timeout(
         Duration::from_millis(10),
-        x.try_acquire_with_token(["two-clients"], &token),
+        first_client.try_acquire_with_token([resource], &token),
     )
     .await;
-    assert!(first.is_err(), "X's attempt was cut short");
-    let lock = y
-        .try_acquire_with_token(["two-clients"], &token)
+    assert!(first.is_err(), "the first attempt was cut short");
+    let lock = retrier
+        .try_acquire_with_token([resource], &token)
         .await
-        .expect("Y takes the lock");
+        .expect("the retry takes the lock");
     for i in 0..3 {
         cluster.node(i).proxy().unwrap().heal();
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let pttls = common::pttls(&cluster, "redlock:lock:two-clients").await;
-    let rival_got = rival.try_acquire("two-clients").await;
+    let pttls = common::pttls(&cluster, &format!("redlock:lock:{resource}")).await;
+    let rival_got = rival.try_acquire(resource).await;
     println!(
-        "PTTL per node while Y's lock says valid ({:?} left): {pttls:?}; rival: {:?}",
+        "PTTL per node while the retried lock says valid ({:?} left): {pttls:?}; rival: {:?}",
         lock.remaining(),
         rival_got.as_ref().map(|_| ()).map_err(ToString::to_string)
     );
     assert!(lock.is_valid());
     assert!(
         rival_got.is_err(),
-        "two holders: a rival took the lock while Y's lock was valid (PTTL {pttls:?})"
+        "two holders: a rival took the lock while the retried lock was valid (PTTL {pttls:?})"
     );
-    y.release(lock).await.unwrap();
+    retrier.release(lock).await.unwrap();
 }
