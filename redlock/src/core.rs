@@ -237,11 +237,6 @@ fn refused_unpublished(err: &Error, interest: &Interest) -> Option<usize> {
 type OwnTokenAttempts = Vec<(Arc<str>, Token, engine::Unanswered)>;
 static OWN_TOKEN_UNANSWERED: std::sync::Mutex<OwnTokenAttempts> = std::sync::Mutex::new(Vec::new());
 
-/// The registry of attempts with a caller's token, however a holder of its lock panicked.
-fn lock_registry<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 /// `limit`, cut to what is left until the retry policy's `deadline` (no attempt starts after it).
 fn until_deadline(limit: Duration, deadline: Option<Instant>) -> Duration {
     deadline.map_or(limit, |d| {
@@ -400,6 +395,7 @@ impl<B: Backend> Core<B> {
 
     /// Interest in the release channels of a lock's resources after the first (none for one
     /// resource).
+    ///
     /// They are registered together and wait for the nodes' confirmations together: one after
     /// another, twelve resources took 2.35 s to subscribe on a 200 ms round trip (test
     /// `api_attacks::a_multi_resource_waiter_subscribes_to_its_channels_at_once`).
@@ -409,25 +405,21 @@ impl<B: Backend> Core<B> {
         resources: &[String],
         deadline: Option<Instant>,
     ) -> Vec<Interest> {
-        let channels: Vec<String> = resources
-            .iter()
-            .skip(1)
-            .map(|r| format!("{}{r}", self.channel_prefix))
-            .collect();
+        let channels = self.channels(resources.get(1..).unwrap_or_default());
         futures_util::future::join_all(channels.iter().map(|c| waiters.interest(c, deadline))).await
     }
 
     /// Waits until the earlier attempts with the caller's `token` on these nodes, made by any
-    /// client of this process, that were still waiting for nodes have their answers (or gave up on them): a grant among those
-    /// answers that the attempt created is cleaned up when it arrives, and that delete must
-    /// reach the node before this attempt's request, not after it. Sent after, it deleted the
+    /// client of this process, that were still waiting for nodes have their answers (or gave
+    /// up on them): a grant among those answers that the attempt created is cleaned up when it
+    /// arrives, and that delete must reach the node before this attempt's request, not after. Sent after, it deleted the
     /// keys a retry with the same token had just kept, and a rival took the lock (tests
     /// `api_attacks::a_dropped_token_attempt_does_not_delete_the_retried_lock`, `a_late_grant_
     /// cleanup_does_not_delete_the_retried_lock`). At most five node timeouts (the longest
     /// budget of a request that waited for its connection), and never past `deadline`.
     async fn same_token(&self, token: &Token, deadline: Option<Instant>) {
         let earlier: Vec<engine::Unanswered> = {
-            let mut registry = lock_registry(&OWN_TOKEN_UNANSWERED);
+            let mut registry = crate::waiters::lock(&OWN_TOKEN_UNANSWERED);
             registry.retain(|(_, _, u)| u.any());
             registry
                 .iter()
@@ -599,7 +591,7 @@ impl<B: Backend> Core<B> {
             first,
         );
         if rearm && let Some(out) = phase.unanswered() {
-            let mut registry = lock_registry(&OWN_TOKEN_UNANSWERED);
+            let mut registry = crate::waiters::lock(&OWN_TOKEN_UNANSWERED);
             registry.retain(|(_, _, u)| u.any());
             registry.push((Arc::clone(&self.origin), token.clone(), out));
         }

@@ -254,8 +254,6 @@ impl Decision {
     }
 }
 
-/// What a node's positive answer carried besides the yes: the claim of a stamped grant, and how
-/// many subscribers heard a release's wake-up.
 /// What a node's answer carries besides its outcome: a grant's claim, how many subscribers
 /// heard a release's wake-up, and whether an acquire grant kept a key (`Reply::Yes`).
 type Extras = (Option<Claim>, Option<u32>, bool);
@@ -291,14 +289,14 @@ struct State {
     /// may be a lock the caller, or whoever handed it the token, still holds, and the cleanup's
     /// owner-checked delete cannot tell them from this attempt's: it goes only to nodes that
     /// answered within their budget that they created every key — not to those that kept one,
-    /// nor to those that did not answer in time. (A cleanup sent on an answer that came after
-    /// the attempt ended goes behind what the caller sent since; the client makes its next
-    /// attempt with the same token wait for such answers: `Core::same_token`.) Deleting by the token everywhere, a failed
-    /// re-claim of a held lock deleted it while its `Lock` said it was valid, and a rival took
-    /// it (test `api_attacks::a_failed_reclaim_with_the_token_does_not_delete_the_held_lock`).
-    /// A late answer's cleanup goes behind whatever the caller sent since, and deleted the
-    /// keys a retry with the same token had just taken (test `api_attacks::a_late_grant_
-    /// cleanup_does_not_delete_the_retried_lock`: a rival took the lock).
+    /// nor to those that did not answer in time (an answer after that is not read: its cleanup
+    /// would go behind what the caller sent since, and deleted the keys a retry with the same
+    /// token had just kept, test `api_attacks::a_late_grant_cleanup_does_not_delete_the_
+    /// retried_lock`). Deleting by the token everywhere, a failed re-claim of a held lock
+    /// deleted it while its `Lock` said it was valid, and a rival took it (test `api_attacks::
+    /// a_failed_reclaim_with_the_token_does_not_delete_the_held_lock`). An answer within the
+    /// budget that comes after the attempt ended is cleaned up when it comes; the next attempt
+    /// with the same token waits for it (`Core::same_token`).
     own_token: bool,
 }
 

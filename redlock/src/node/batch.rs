@@ -98,8 +98,8 @@ impl Drop for Place {
         // A thread's locals can be gone already when a runtime kept in one of them is dropped
         // with the thread, and with it the tasks that hold places: reading `GIVEN_BACK` then
         // panicked in this destructor, and the process aborted (test `batch_attacks::a_
-        // runtime_dropped_with_its_thread_does_not_abort_the_process`). Such a place is given
-        // back directly (nothing can be sent any more: its runtime is gone).
+        // runtime_dropped_with_its_thread_does_not_panic`). Such a place is given back directly
+        // (nothing can be sent any more: its runtime is gone).
         let nested = GIVEN_BACK.try_with(|g| {
             let mut g = g.borrow_mut();
             match g.as_mut() {
@@ -113,13 +113,12 @@ impl Drop for Place {
                 }
             }
         });
-        match nested {
-            Ok(true) => return,
-            Ok(false) => {}
-            Err(_) => {
-                self.node.flush(&self.live);
-                return;
-            }
+        let Ok(nested) = nested else {
+            self.node.flush(&self.live);
+            return;
+        };
+        if nested {
+            return;
         }
         let _flushing = Flushing;
         self.node.flush(&self.live);
