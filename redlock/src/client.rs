@@ -238,10 +238,12 @@ impl Redlock {
     /// key held your token already (a lock you, or whoever gave you the token, may still hold)
     /// it deletes nothing, nor on a node that did not answer in time. Keys it re-armed keep
     /// their longer expiry; keys it wrote where it deletes nothing stay until released with
-    /// the token (take the lock again with it, then release) or until the TTL. A call with a
-    /// token whose earlier attempts (by any client of the same nodes in this process) still
-    /// wait for answers first waits for them (at most five node timeouts), so that their
-    /// cleanup cannot delete what this call takes. Another process is not waited for.
+    /// the token (take the lock again with it, then release) or until the TTL. Calls with one
+    /// token in this process (through any client, at any addresses of the servers) take
+    /// turns, and each first waits until what the earlier ones did on the nodes is done —
+    /// their answers in, the cleanups of what they created answered — at most five node
+    /// timeouts, so that no cleanup can delete what this call takes. Another process is not
+    /// waited for.
     ///
     /// # Cancel safety
     /// As [`Redlock::acquire`], with the cleanup limited as above.

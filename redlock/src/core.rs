@@ -43,6 +43,9 @@ pub(crate) struct Try {
     pub(crate) rearm: bool,
     /// The attempt races other clients' waiters: it asks the resource's first node first.
     pub(crate) racing: bool,
+    /// The retry policy's deadline, if any: an attempt with the caller's token waits for the
+    /// earlier ones with it no longer than this.
+    pub(crate) deadline: Option<Instant>,
 }
 
 /// Longest time `wait_released` goes without probing the nodes: it bounds what a lost release
@@ -229,13 +232,18 @@ fn refused_unpublished(err: &Error, interest: &Interest) -> Option<usize> {
     })
 }
 
-/// Attempts with a caller's token whose answers were still out, by node list and token (see
-/// `Core::same_token`). Process-wide: a second client of the same nodes re-claiming the token
-/// after the first one's attempt was dropped did not wait for it, and that attempt's cleanup
-/// deleted what the second one kept (test `api_attacks::a_second_client_reclaiming_the_token_
-/// keeps_its_lock`: a rival took the lock).
-type OwnTokenAttempts = Vec<(Arc<str>, Token, engine::Unanswered)>;
-static OWN_TOKEN_UNANSWERED: std::sync::Mutex<OwnTokenAttempts> = std::sync::Mutex::new(Vec::new());
+/// The attempts made with one caller's token whose work on the nodes may not be done (see
+/// `Core::token_turn`); whoever holds the lock has the token's turn.
+type TokenAttempts = Arc<tokio::sync::Mutex<Vec<engine::Unanswered>>>;
+
+/// The attempts with a caller's token, by token, process-wide. Not by node list: a second client
+/// of the same nodes re-claiming the token after the first one's attempt was dropped did not
+/// wait for it, and that attempt's cleanup deleted what the second one kept (test `api_attacks::
+/// a_second_client_reclaiming_the_token_keeps_its_lock`: a rival took the lock); nor did a client
+/// that reaches the same servers at other addresses (`a_reclaim_through_other_addresses_of_the_
+/// nodes_keeps_its_lock`).
+static TOKEN_ATTEMPTS: std::sync::Mutex<Vec<(Token, TokenAttempts)>> =
+    std::sync::Mutex::new(Vec::new());
 
 /// `limit`, cut to what is left until the retry policy's `deadline` (no attempt starts after it).
 fn until_deadline(limit: Duration, deadline: Option<Instant>) -> Duration {
@@ -409,30 +417,49 @@ impl<B: Backend> Core<B> {
         futures_util::future::join_all(channels.iter().map(|c| waiters.interest(c, deadline))).await
     }
 
-    /// Waits until the earlier attempts with the caller's `token` on these nodes, made by any
-    /// client of this process, that were still waiting for nodes have their answers (or gave
-    /// up on them): a grant among those answers that the attempt created is cleaned up when it
-    /// arrives, and that delete must reach the node before this attempt's request, not after. Sent after, it deleted the
-    /// keys a retry with the same token had just kept, and a rival took the lock (tests
-    /// `api_attacks::a_dropped_token_attempt_does_not_delete_the_retried_lock`, `a_late_grant_
-    /// cleanup_does_not_delete_the_retried_lock`). At most five node timeouts (the longest
-    /// budget of a request that waited for its connection), and never past `deadline`.
-    async fn same_token(&self, token: &Token, deadline: Option<Instant>) {
-        let earlier: Vec<engine::Unanswered> = {
-            let mut registry = crate::waiters::lock(&OWN_TOKEN_UNANSWERED);
-            registry.retain(|(_, _, u)| u.any());
-            registry
-                .iter()
-                .filter(|(origin, t, _)| t == token && **origin == *self.origin)
-                .map(|(_, _, u)| u.clone())
-                .collect()
-        };
-        let until = Instant::now() + until_deadline(self.config.node_timeout * 5, deadline);
-        for earlier in &earlier {
-            for node in 0..self.backend.len() {
-                earlier.answered(node, until).await;
+    /// Takes the turn of an attempt with the caller's `token` among those of the process, and
+    /// waits until what the earlier ones did on the nodes is done: their answers are in, and
+    /// the cleanups of grants they created (the attempt failed or was dropped) have answered.
+    /// That delete must reach the node before this attempt's request, not after: sent after, it
+    /// deleted the keys a retry with the same token had just kept, and a rival took the lock
+    /// (tests `api_attacks::a_dropped_token_attempt_does_not_delete_the_retried_lock`, `a_late_
+    /// grant_cleanup_does_not_delete_the_retried_lock`). Waiting only until it was handed to
+    /// the earlier attempt's connection is not enough once the requests take other ways to the
+    /// servers (another client, other addresses): `a_reclaim_through_other_addresses_of_the_
+    /// nodes_keeps_its_lock`. At most five node timeouts (the longest budget of a request that
+    /// waited for its connection, and the grace of a cleanup), and never past `deadline`.
+    ///
+    /// The turn is held until this attempt's requests are registered for the next one: two
+    /// attempts with one token started together took none of each other's into account.
+    async fn token_turn(
+        &self,
+        token: &Token,
+        deadline: Option<Instant>,
+    ) -> tokio::sync::OwnedMutexGuard<Vec<engine::Unanswered>> {
+        let attempts = {
+            let mut all = crate::waiters::lock(&TOKEN_ATTEMPTS);
+            all.retain(|(_, a)| {
+                Arc::strong_count(a) > 1
+                    || a.try_lock()
+                        .is_ok_and(|a| a.iter().any(engine::Unanswered::any_unsettled))
+            });
+            match all.iter().find(|(t, _)| t == token) {
+                Some((_, a)) => Arc::clone(a),
+                None => {
+                    let a = TokenAttempts::default();
+                    all.push((token.clone(), Arc::clone(&a)));
+                    a
+                }
             }
+        };
+        // Each holder of the turn waits a bounded time, so this wait is bounded too.
+        let mut earlier = attempts.lock_owned().await;
+        earlier.retain(engine::Unanswered::any_unsettled);
+        let until = Instant::now() + until_deadline(self.config.node_timeout * 5, deadline);
+        for attempt in earlier.iter() {
+            attempt.settled(until).await;
         }
+        earlier
     }
 
     /// The wake-up channel of each resource.
@@ -552,6 +579,7 @@ impl<B: Backend> Core<B> {
             token,
             rearm,
             racing,
+            deadline,
         }: Try,
         terms: Terms,
         unanswered: &mut Vec<engine::Unanswered>,
@@ -582,6 +610,10 @@ impl<B: Backend> Core<B> {
         // key: the keys holding that token may be a lock the caller (or whoever handed it the
         // token) still holds (see `engine::State::own_token`).
         let cleanup = attempt_cleanup(keys, &token, Some(self.channels(resources)));
+        let turn = match rearm {
+            true => Some(self.token_turn(&token, deadline).await),
+            false => None,
+        };
         let mut phase = Phase::start(
             &self.backend,
             PhaseName::Acquire,
@@ -590,10 +622,8 @@ impl<B: Backend> Core<B> {
             Some(cleanup),
             first,
         );
-        if rearm && let Some(out) = phase.unanswered() {
-            let mut registry = crate::waiters::lock(&OWN_TOKEN_UNANSWERED);
-            registry.retain(|(_, _, u)| u.any());
-            registry.push((Arc::clone(&self.origin), token.clone(), out));
+        if let Some(mut turn) = turn {
+            turn.extend(phase.unanswered());
         }
         let d = phase.decided().await;
         if !d.success {
@@ -730,9 +760,6 @@ impl<B: Backend> Core<B> {
             let mut after_release = false;
             // Failed attempts whose requests to some nodes were still out (see below).
             let mut unanswered: Vec<engine::Unanswered> = Vec::new();
-            if let Some(token) = token {
-                self.same_token(token, deadline).await;
-            }
             // The wait for the first node's message of the release heard was skipped before
             // the next attempt: the node was not known to hold the lock (see below).
             let mut first_skipped = false;
@@ -850,6 +877,7 @@ impl<B: Backend> Core<B> {
                             token,
                             rearm: fixed,
                             racing,
+                            deadline,
                         },
                         terms,
                         &mut unanswered,

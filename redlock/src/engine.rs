@@ -268,6 +268,8 @@ struct Slot {
     kept: bool,
     /// The cleanup request was sent to it.
     cleaned: bool,
+    /// Its cleanup was sent and has neither answered nor run out of time.
+    cleaning: bool,
 }
 
 /// A phase's answers, shared by its driver, its caller and (after [`Phase::keep`]) the lock.
@@ -282,6 +284,8 @@ struct State {
     /// The decision, from the moment it is reached until the caller takes it.
     decision: Option<Decision>,
     abandoned: bool,
+    /// The attempt succeeded and its caller took the lock ([`Phase::keep`]): no cleanup.
+    kept: bool,
     /// Notified after each node's outcome is recorded (and its cleanup handed over), once
     /// somebody waits for one (see [`Unanswered`]).
     recorded: Option<Arc<Notify>>,
@@ -310,6 +314,7 @@ impl State {
                     heard: None,
                     kept: false,
                     cleaned: false,
+                    cleaning: false,
                 })
                 .collect(),
             positive: 0,
@@ -319,6 +324,7 @@ impl State {
             decided: false,
             decision: None,
             abandoned: false,
+            kept: false,
             recorded: None,
             own_token,
         }
@@ -381,7 +387,28 @@ impl State {
         };
         let due = abandoned && !slot.cleaned && may_hold;
         slot.cleaned |= due;
+        slot.cleaning |= due;
         due
+    }
+
+    /// Whether node `i`'s answer is still out, or the cleanup it leads to is still on its way
+    /// or may still come: a grant it created, while the attempt is neither given up (which
+    /// sends the cleanup) nor kept by its caller.
+    fn unsettled(&self, i: usize) -> bool {
+        let open = !self.abandoned && !self.kept;
+        self.unanswered(i)
+            || self.slots.get(i).is_some_and(|s| {
+                s.cleaning
+                    || (open && s.outcome == NodeOutcome::Confirmed && (!self.own_token || !s.kept))
+            })
+    }
+
+    /// Node `i`'s cleanup answered or ran out of time; tells whoever waits for it.
+    fn cleaned_up(&mut self, i: usize) -> Option<Arc<Notify>> {
+        if let Some(slot) = self.slots.get_mut(i) {
+            slot.cleaning = false;
+        }
+        self.recorded.clone()
     }
 }
 
@@ -527,6 +554,15 @@ impl<B: Backend> Phase<B> {
     /// that arrive after the decision too.
     pub(crate) fn keep(mut self) -> Granted {
         self.cleanup = None;
+        let recorded = {
+            let mut st = lock(&self.state);
+            st.kept = true;
+            st.recorded.clone()
+        };
+        // Its grants are settled now (see `State::unsettled`).
+        if let Some(recorded) = recorded {
+            recorded.notify_waiters();
+        }
         Granted(Arc::clone(&self.state))
     }
 
@@ -556,15 +592,26 @@ impl<B: Backend> Phase<B> {
 impl<B: Backend> Drop for Phase<B> {
     fn drop(&mut self) {
         if let Some(cleanup) = self.cleanup.take() {
-            let targets: Vec<usize> = {
+            let (targets, recorded) = {
                 let mut st = lock(&self.state);
                 st.abandoned = true;
-                (0..st.slots.len())
+                let targets: Vec<usize> = (0..st.slots.len())
                     .filter(|&i| st.take_cleanup(i))
-                    .collect()
+                    .collect();
+                (targets, st.recorded.clone())
             };
             for i in targets {
-                send_cleanup(&self.backend, i, Arc::clone(&cleanup), self.name);
+                send_cleanup(
+                    &self.backend,
+                    &self.state,
+                    i,
+                    Arc::clone(&cleanup),
+                    self.name,
+                );
+            }
+            // Grants that get no cleanup are settled now (see `State::unsettled`).
+            if let Some(recorded) = recorded {
+                recorded.notify_waiters();
             }
         }
         // Requests still in flight: their answers are folded in (late claims, cleanups of late
@@ -607,13 +654,33 @@ impl Unanswered {
         (0..st.slots.len()).any(|i| st.unanswered(i))
     }
 
+    /// Whether some node's answer, or a cleanup it led to, is still out.
+    pub(crate) fn any_unsettled(&self) -> bool {
+        let st = lock(&self.0);
+        (0..st.slots.len()).any(|i| st.unsettled(i))
+    }
+
+    /// Waits — at most until `until` — until every node answered (or timed out) and the
+    /// cleanups those answers led to answered (or ran out of time): what the attempt did on
+    /// the nodes is then done, and a request sent afterwards, by any path to the servers, comes
+    /// after it.
+    pub(crate) async fn settled(&self, until: Instant) {
+        self.wait(until, |st| (0..st.slots.len()).any(|i| st.unsettled(i)))
+            .await;
+    }
+
     /// Waits — at most until `until` — until `node` answered (or timed out) and, if it granted,
     /// its cleanup was handed over: a request sent to the node afterwards reaches it behind the
     /// cleanup.
     pub(crate) async fn answered(&self, node: usize, until: Instant) {
+        self.wait(until, |st| st.unanswered(node)).await;
+    }
+
+    /// Waits — at most until `until` — while `pending` holds.
+    async fn wait(&self, until: Instant, pending: impl Fn(&State) -> bool) {
         let recorded = {
             let mut st = lock(&self.0);
-            if !st.unanswered(node) {
+            if !pending(&st) {
                 return;
             }
             Arc::clone(st.recorded.get_or_insert_with(Default::default))
@@ -623,7 +690,7 @@ impl Unanswered {
                 let next = recorded.notified();
                 let mut next = std::pin::pin!(next);
                 next.as_mut().enable();
-                if !lock(&self.0).unanswered(node) {
+                if !pending(&lock(&self.0)) {
                     return;
                 }
                 next.await;
@@ -874,18 +941,33 @@ fn gated<B: Backend>(
 }
 
 /// Sends the cleanup request to node `i` in the background; it may wait up to
-/// [`DELIVERY_GRACE`] to be delivered.
+/// [`DELIVERY_GRACE`] to be delivered. Once it answered or ran out of time, `state` records
+/// it (see [`Unanswered::settled`]).
 /// Outside a runtime (e.g. while it shuts down) nothing can be sent; the key then expires
 /// with its TTL.
-fn send_cleanup<B: Backend>(backend: &Arc<B>, i: usize, op: Arc<Op>, phase: PhaseName) {
+fn send_cleanup<B: Backend>(
+    backend: &Arc<B>,
+    state: &Arc<Mutex<State>>,
+    i: usize,
+    op: Arc<Op>,
+    phase: PhaseName,
+) {
+    let state = Arc::clone(state);
+    let done = move || {
+        if let Some(recorded) = lock(&state).cleaned_up(i) {
+            recorded.notify_waiters();
+        }
+    };
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         tracing::warn!(node = %backend.name(i), "no runtime to release an abandoned grant; it expires with its TTL");
+        done();
         return;
     };
     let call = handed_over(backend.call(i, op));
     let node = backend.name(i).clone();
     rt.spawn(async move {
         let result = tokio::time::timeout(DELIVERY_GRACE, call).await;
+        done();
         telemetry::cleanup(&node, phase, &result);
     });
 }
@@ -929,7 +1011,7 @@ impl<B: Backend> Driver<B> {
             (st.settle(i, outcome, extras), st.recorded.clone())
         };
         if let (true, Some(op)) = (needs_cleanup, &self.cleanup) {
-            send_cleanup(&self.backend, i, Arc::clone(op), self.phase);
+            send_cleanup(&self.backend, &self.state, i, Arc::clone(op), self.phase);
         }
         // After the cleanup was handed over: a request to the node sent from now on goes
         // behind it.

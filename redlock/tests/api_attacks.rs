@@ -637,7 +637,7 @@ async fn a_late_grant_cleanup_does_not_delete_the_retried_lock() {
 /// An attempt with the caller's token may clean up only what had answered when it ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_token_attempt_does_not_delete_the_retried_lock() {
-    reclaim_right_after_a_dropped_attempt("dropped", false).await;
+    reclaim_after_a_dropped_attempt("dropped", Retrier::SameClient).await;
 }
 
 /// The same with two clients of the same nodes in one process: X's attempt with the token is
@@ -646,55 +646,83 @@ async fn a_dropped_token_attempt_does_not_delete_the_retried_lock() {
 /// kept, and a rival took the lock while Y's lock said valid ([-2, -2, -2]; found in review).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_client_reclaiming_the_token_keeps_its_lock() {
-    reclaim_right_after_a_dropped_attempt("two-clients", true).await;
+    reclaim_after_a_dropped_attempt("two-clients", Retrier::SecondClient).await;
 }
 
-/// Over 30 ms links, an attempt with a fresh token on `resource` is cut short by a 10 ms
-/// timeout, and the same token re-claims it at once — through the same client, or through a
-/// second client of the same nodes. The re-claimed lock must keep its keys.
-async fn reclaim_right_after_a_dropped_attempt(resource: &str, second_client: bool) {
+/// The same token re-claimed through another path to the same servers: X reaches the nodes
+/// through the proxies, Y, in the same process, at their own addresses (two URLs for one
+/// server, as behind a proxy or a DNS alias). X's requests create the keys at 30 ms and its
+/// answers arrive at 60 ms, within X's budget. Y re-claims at 45 ms, finds the keys holding the
+/// token and keeps them. X's cleanup of what it created, sent at 60 ms, must not delete the
+/// keys Y's lock stands on. Y waited for nothing ([-2, -2, -2], a rival took the lock): the
+/// attempts a re-claim waits for were matched by node addresses; and matched by token alone,
+/// waiting until X's cleanup was handed to X's connection failed the same way, since Y's
+/// request does not travel behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaim_through_other_addresses_of_the_nodes_keeps_its_lock() {
+    reclaim_after_a_dropped_attempt("two-paths", Retrier::OtherAddresses).await;
+}
+
+/// Who re-claims the token after X's attempt was dropped.
+enum Retrier {
+    /// X itself, at once.
+    SameClient,
+    /// A second client of the same addresses, at once.
+    SecondClient,
+    /// A client of the servers' own addresses (bypassing the proxies), 45 ms after X began.
+    OtherAddresses,
+}
+
+/// Over 30 ms links (proxies), an attempt with a fresh token on `resource` by X is cut short
+/// by a 10 ms timeout, and the same token re-claims it. The re-claimed lock must keep its keys.
+async fn reclaim_after_a_dropped_attempt(resource: &str, retrier: Retrier) {
     let cluster = Cluster::builder()
         .nodes(3)
         .proxied(true)
         .start()
         .await
         .unwrap();
-    let client = || {
+    let direct: Vec<String> = cluster.nodes().iter().map(|n| n.url()).collect();
+    let client = |urls: Vec<String>| {
         redlock::Redlock::builder()
-            .nodes(cluster.urls())
+            .nodes(urls)
             .ttl(Duration::from_secs(10))
             .node_timeout(Duration::from_millis(200))
             .build()
             .unwrap()
     };
-    let first_client = client();
-    let retrier = if second_client {
-        client()
-    } else {
-        first_client.clone()
+    let x = client(cluster.urls());
+    let (y, retry_at) = match retrier {
+        Retrier::SameClient => (x.clone(), Duration::ZERO),
+        Retrier::SecondClient => (client(cluster.urls()), Duration::ZERO),
+        Retrier::OtherAddresses => (client(direct.clone()), Duration::from_millis(45)),
     };
-    let rival = common::client(cluster.urls(), Duration::from_secs(10));
-    let _ = first_client.connect().await;
-    let _ = retrier.connect().await;
+    let rival = common::client(direct, Duration::from_secs(10));
+    let _ = x.connect().await;
+    let _ = y.connect().await;
     let _ = rival.connect().await;
     for i in 0..3 {
         let link = cluster.node(i).proxy().unwrap();
         link.set_delay(Duration::from_millis(30), Duration::ZERO);
     }
     let token = Token::random().unwrap();
+    let started = Instant::now();
     let first = tokio::time::timeout(
         Duration::from_millis(10),
-        first_client.try_acquire_with_token([resource], &token),
+        x.try_acquire_with_token([resource], &token),
     )
     .await;
     assert!(first.is_err(), "the first attempt was cut short");
-    let lock = retrier
+    tokio::time::sleep_until((started + retry_at).into()).await;
+    let lock = y
         .try_acquire_with_token([resource], &token)
         .await
         .expect("the retry takes the lock");
+    println!("re-claimed after {:?}", started.elapsed());
     for i in 0..3 {
         cluster.node(i).proxy().unwrap().heal();
     }
+    // X's answers and its cleanup over the proxies have arrived by now.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let pttls = common::pttls(&cluster, &format!("redlock:lock:{resource}")).await;
     let rival_got = rival.try_acquire(resource).await;
@@ -708,5 +736,5 @@ async fn reclaim_right_after_a_dropped_attempt(resource: &str, second_client: bo
         rival_got.is_err(),
         "two holders: a rival took the lock while the retried lock was valid (PTTL {pttls:?})"
     );
-    retrier.release(lock).await.unwrap();
+    y.release(lock).await.unwrap();
 }

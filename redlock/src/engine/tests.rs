@@ -731,6 +731,7 @@ async fn attempt(
         token,
         rearm: false,
         racing,
+        deadline: None,
     };
     core.attempt(resources, keys, how, core.terms(), &mut Vec::new())
         .await
