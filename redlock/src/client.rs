@@ -238,12 +238,14 @@ impl Redlock {
     /// key held your token already (a lock you, or whoever gave you the token, may still hold)
     /// it deletes nothing, nor on a node that did not answer in time. Keys it re-armed keep
     /// their longer expiry; keys it wrote where it deletes nothing stay until released with
-    /// the token (take the lock again with it, then release) or until the TTL. Calls with one
-    /// token in this process (through any client, at any addresses of the servers) take
-    /// turns, and each first waits until what the earlier ones did on the nodes is done —
-    /// their answers in, the cleanups of what they created answered — at most five node
-    /// timeouts, so that no cleanup can delete what this call takes. Another process is not
-    /// waited for.
+    /// the token (take the lock again with it, then release) or until the TTL.
+    ///
+    /// Calls with one token on the same keys in this process (through any client, at any
+    /// addresses of the servers) take turns: each first waits until what the earlier ones did
+    /// on the nodes is done — their answers in, the cleanups of what they created answered —
+    /// so that no cleanup can delete what this call takes. Each wait lasts at most the time the
+    /// earlier attempt allows its nodes (its node timeout, longer while a connection is being
+    /// opened) plus one second, a cleanup's grace. Another process is not waited for.
     ///
     /// # Cancel safety
     /// As [`Redlock::acquire`], with the cleanup limited as above.

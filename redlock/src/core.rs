@@ -232,19 +232,6 @@ fn refused_unpublished(err: &Error, interest: &Interest) -> Option<usize> {
     })
 }
 
-/// The attempts made with one caller's token whose work on the nodes may not be done (see
-/// `Core::token_turn`); whoever holds the lock has the token's turn.
-type TokenAttempts = Arc<tokio::sync::Mutex<Vec<engine::Unanswered>>>;
-
-/// The attempts with a caller's token, by token, process-wide. Not by node list: a second client
-/// of the same nodes re-claiming the token after the first one's attempt was dropped did not
-/// wait for it, and that attempt's cleanup deleted what the second one kept (test `api_attacks::
-/// a_second_client_reclaiming_the_token_keeps_its_lock`: a rival took the lock); nor did a client
-/// that reaches the same servers at other addresses (`a_reclaim_through_other_addresses_of_the_
-/// nodes_keeps_its_lock`).
-static TOKEN_ATTEMPTS: std::sync::Mutex<Vec<(Token, TokenAttempts)>> =
-    std::sync::Mutex::new(Vec::new());
-
 /// `limit`, cut to what is left until the retry policy's `deadline` (no attempt starts after it).
 fn until_deadline(limit: Duration, deadline: Option<Instant>) -> Duration {
     deadline.map_or(limit, |d| {
@@ -417,51 +404,6 @@ impl<B: Backend> Core<B> {
         futures_util::future::join_all(channels.iter().map(|c| waiters.interest(c, deadline))).await
     }
 
-    /// Takes the turn of an attempt with the caller's `token` among those of the process, and
-    /// waits until what the earlier ones did on the nodes is done: their answers are in, and
-    /// the cleanups of grants they created (the attempt failed or was dropped) have answered.
-    /// That delete must reach the node before this attempt's request, not after: sent after, it
-    /// deleted the keys a retry with the same token had just kept, and a rival took the lock
-    /// (tests `api_attacks::a_dropped_token_attempt_does_not_delete_the_retried_lock`, `a_late_
-    /// grant_cleanup_does_not_delete_the_retried_lock`). Waiting only until it was handed to
-    /// the earlier attempt's connection is not enough once the requests take other ways to the
-    /// servers (another client, other addresses): `a_reclaim_through_other_addresses_of_the_
-    /// nodes_keeps_its_lock`. At most five node timeouts (the longest budget of a request that
-    /// waited for its connection, and the grace of a cleanup), and never past `deadline`.
-    ///
-    /// The turn is held until this attempt's requests are registered for the next one: two
-    /// attempts with one token started together took none of each other's into account.
-    async fn token_turn(
-        &self,
-        token: &Token,
-        deadline: Option<Instant>,
-    ) -> tokio::sync::OwnedMutexGuard<Vec<engine::Unanswered>> {
-        let attempts = {
-            let mut all = crate::waiters::lock(&TOKEN_ATTEMPTS);
-            all.retain(|(_, a)| {
-                Arc::strong_count(a) > 1
-                    || a.try_lock()
-                        .is_ok_and(|a| a.iter().any(engine::Unanswered::any_unsettled))
-            });
-            match all.iter().find(|(t, _)| t == token) {
-                Some((_, a)) => Arc::clone(a),
-                None => {
-                    let a = TokenAttempts::default();
-                    all.push((token.clone(), Arc::clone(&a)));
-                    a
-                }
-            }
-        };
-        // Each holder of the turn waits a bounded time, so this wait is bounded too.
-        let mut earlier = attempts.lock_owned().await;
-        earlier.retain(engine::Unanswered::any_unsettled);
-        let until = Instant::now() + until_deadline(self.config.node_timeout * 5, deadline);
-        for attempt in earlier.iter() {
-            attempt.settled(until).await;
-        }
-        earlier
-    }
-
     /// The wake-up channel of each resource.
     fn channels(&self, resources: &[String]) -> Arc<[String]> {
         resources
@@ -610,8 +552,10 @@ impl<B: Backend> Core<B> {
         // key: the keys holding that token may be a lock the caller (or whoever handed it the
         // token) still holds (see `engine::State::own_token`).
         let cleanup = attempt_cleanup(keys, &token, Some(self.channels(resources)));
+        // An attempt with the caller's token waits until the earlier ones with it cannot
+        // delete what it takes (see `reclaim`).
         let turn = match rearm {
-            true => Some(self.token_turn(&token, deadline).await),
+            true => Some(crate::reclaim::take(&token, keys, deadline).await),
             false => None,
         };
         let mut phase = Phase::start(
@@ -622,8 +566,8 @@ impl<B: Backend> Core<B> {
             Some(cleanup),
             first,
         );
-        if let Some(mut turn) = turn {
-            turn.extend(phase.unanswered());
+        if let Some(turn) = turn {
+            turn.started(phase.unanswered());
         }
         let d = phase.decided().await;
         if !d.success {

@@ -289,6 +289,13 @@ struct State {
     /// Notified after each node's outcome is recorded (and its cleanup handed over), once
     /// somebody waits for one (see [`Unanswered`]).
     recorded: Option<Arc<Notify>>,
+    /// By when every request and every cleanup of the phase has answered or been given up on
+    /// (the last node deadline, plus a cleanup's [`DELIVERY_GRACE`]), if the phase is given up
+    /// by then or kept.
+    settles_by: Instant,
+    /// The driver is gone (finished, or dropped with its runtime): an answer still out will
+    /// not be read, and leads to no cleanup.
+    unfollowed: bool,
     /// An acquire with the caller's token (`try_acquire_with_token`). Keys holding that token
     /// may be a lock the caller, or whoever handed it the token, still holds, and the cleanup's
     /// owner-checked delete cannot tell them from this attempt's: it goes only to nodes that
@@ -300,7 +307,7 @@ struct State {
     /// deleted it while its `Lock` said it was valid, and a rival took it (test `api_attacks::
     /// a_failed_reclaim_with_the_token_does_not_delete_the_held_lock`). An answer within the
     /// budget that comes after the attempt ended is cleaned up when it comes; the next attempt
-    /// with the same token waits for it (`Core::same_token`).
+    /// with the same token waits for it (see `reclaim`).
     own_token: bool,
 }
 
@@ -326,6 +333,8 @@ impl State {
             abandoned: false,
             kept: false,
             recorded: None,
+            settles_by: Instant::now(),
+            unfollowed: false,
             own_token,
         }
     }
@@ -396,7 +405,7 @@ impl State {
     /// sends the cleanup) nor kept by its caller.
     fn unsettled(&self, i: usize) -> bool {
         let open = !self.abandoned && !self.kept;
-        self.unanswered(i)
+        (self.unanswered(i) && !self.unfollowed)
             || self.slots.get(i).is_some_and(|s| {
                 s.cleaning
                     || (open && s.outcome == NodeOutcome::Confirmed && (!self.own_token || !s.kept))
@@ -503,6 +512,7 @@ impl<B: Backend> Phase<B> {
             });
         }
         let give_up = calls.iter().map(|c| c.deadline).max().unwrap_or(now) + DELIVERY_GRACE;
+        lock(&state).settles_by = give_up;
         let earliest = calls.iter().map(|c| c.deadline).min().unwrap_or(give_up);
         let driver = Driver {
             backend: Arc::clone(backend),
@@ -652,6 +662,12 @@ impl Unanswered {
     pub(crate) fn any(&self) -> bool {
         let st = lock(&self.0);
         (0..st.slots.len()).any(|i| st.unanswered(i))
+    }
+
+    /// By when the phase's requests and cleanups have all answered or been given up on, if it
+    /// was given up or kept by then.
+    pub(crate) fn settles_by(&self) -> Instant {
+        lock(&self.0).settles_by
     }
 
     /// Whether some node's answer, or a cleanup it led to, is still out.
@@ -952,24 +968,32 @@ fn send_cleanup<B: Backend>(
     op: Arc<Op>,
     phase: PhaseName,
 ) {
-    let state = Arc::clone(state);
-    let done = move || {
-        if let Some(recorded) = lock(&state).cleaned_up(i) {
-            recorded.notify_waiters();
-        }
-    };
+    // Recorded however the task ends: also when its runtime drops it unfinished (a waiter
+    // would otherwise wait for it until its own limit, every time).
+    let done = CleanupDone(Arc::clone(state), i);
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         tracing::warn!(node = %backend.name(i), "no runtime to release an abandoned grant; it expires with its TTL");
-        done();
         return;
     };
     let call = handed_over(backend.call(i, op));
     let node = backend.name(i).clone();
     rt.spawn(async move {
         let result = tokio::time::timeout(DELIVERY_GRACE, call).await;
-        done();
+        drop(done);
         telemetry::cleanup(&node, phase, &result);
     });
+}
+
+/// Records, when dropped, that node `.1`'s cleanup answered or will not be followed any more.
+struct CleanupDone(Arc<Mutex<State>>, usize);
+
+impl Drop for CleanupDone {
+    fn drop(&mut self) {
+        let recorded = lock(&self.0).cleaned_up(self.1);
+        if let Some(recorded) = recorded {
+            recorded.notify_waiters();
+        }
+    }
 }
 
 /// One node's request, as the driver sees it.
@@ -1028,6 +1052,21 @@ impl<B: Backend> Driver<B> {
             .map(|c| c.deadline)
             .min()
             .unwrap_or(self.give_up)
+    }
+}
+
+impl<B: Backend> Drop for Driver<B> {
+    fn drop(&mut self) {
+        // Also when its runtime drops its task unfinished: whoever waits for the answers still
+        // out (see `Unanswered::settled`) would otherwise wait until its limit, every time.
+        let recorded = {
+            let mut st = lock(&self.state);
+            st.unfollowed = true;
+            st.recorded.clone()
+        };
+        if let Some(recorded) = recorded {
+            recorded.notify_waiters();
+        }
     }
 }
 

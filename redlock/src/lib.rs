@@ -16,6 +16,7 @@ mod lock;
 mod node;
 mod nodes;
 mod pubsub;
+mod reclaim;
 mod renewal;
 mod request;
 mod scripts;

@@ -663,6 +663,18 @@ async fn a_reclaim_through_other_addresses_of_the_nodes_keeps_its_lock() {
     reclaim_after_a_dropped_attempt("two-paths", Retrier::OtherAddresses).await;
 }
 
+/// The same, with a cleanup slower than the re-claimer's own node timeout: X (200 ms node
+/// timeout) as above, and at 45 ms the links slow to 400 ms, so the cleanup of what X created,
+/// sent when its answers come (60 ms), reaches the nodes at about 460 ms, within X's budget and
+/// the cleanup's grace. Y (50 ms node timeout) re-claims at the servers' own addresses at 45
+/// ms. Y waited at most five of its own node timeouts (250 ms), kept the keys, and X's cleanup
+/// deleted them: [-2, -2, -2], a rival took the lock (found in review). A re-claim now waits
+/// for as long as the earlier attempt can act: its node deadlines plus a cleanup's grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaim_waits_for_a_cleanup_slower_than_its_own_node_timeout() {
+    reclaim_after_a_dropped_attempt("slow-cleanup", Retrier::BehindASlowCleanup).await;
+}
+
 /// Who re-claims the token after X's attempt was dropped.
 enum Retrier {
     /// X itself, at once.
@@ -671,6 +683,8 @@ enum Retrier {
     SecondClient,
     /// A client of the servers' own addresses (bypassing the proxies), 45 ms after X began.
     OtherAddresses,
+    /// As `OtherAddresses`, with a 50 ms node timeout, after the links slowed to 400 ms.
+    BehindASlowCleanup,
 }
 
 /// Over 30 ms links (proxies), an attempt with a fresh token on `resource` by X is cut short
@@ -696,6 +710,15 @@ async fn reclaim_after_a_dropped_attempt(resource: &str, retrier: Retrier) {
         Retrier::SameClient => (x.clone(), Duration::ZERO),
         Retrier::SecondClient => (client(cluster.urls()), Duration::ZERO),
         Retrier::OtherAddresses => (client(direct.clone()), Duration::from_millis(45)),
+        Retrier::BehindASlowCleanup => {
+            let y = redlock::Redlock::builder()
+                .nodes(direct.clone())
+                .ttl(Duration::from_secs(10))
+                .node_timeout(Duration::from_millis(50))
+                .build()
+                .unwrap();
+            (y, Duration::from_millis(45))
+        }
     };
     let rival = common::client(direct, Duration::from_secs(10));
     let _ = x.connect().await;
@@ -714,6 +737,12 @@ async fn reclaim_after_a_dropped_attempt(resource: &str, retrier: Retrier) {
     .await;
     assert!(first.is_err(), "the first attempt was cut short");
     tokio::time::sleep_until((started + retry_at).into()).await;
+    if let Retrier::BehindASlowCleanup = retrier {
+        for i in 0..3 {
+            let link = cluster.node(i).proxy().unwrap();
+            link.set_delay(Duration::from_millis(400), Duration::ZERO);
+        }
+    }
     let lock = y
         .try_acquire_with_token([resource], &token)
         .await
@@ -722,8 +751,11 @@ async fn reclaim_after_a_dropped_attempt(resource: &str, retrier: Retrier) {
     for i in 0..3 {
         cluster.node(i).proxy().unwrap().heal();
     }
-    // X's answers and its cleanup over the proxies have arrived by now.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // X's answers and its cleanup over the proxies have arrived by now (chunks on their way
+    // keep their delays).
+    let checked =
+        (Instant::now() + Duration::from_millis(300)).max(started + Duration::from_secs(1));
+    tokio::time::sleep_until(checked.into()).await;
     let pttls = common::pttls(&cluster, &format!("redlock:lock:{resource}")).await;
     let rival_got = rival.try_acquire(resource).await;
     println!(

@@ -1,0 +1,211 @@
+//! Attempts with a caller's token (`try_acquire_with_token`), across the process.
+//!
+//! Such an attempt that fails or is dropped deletes, by the token, the keys it created; the
+//! keys holding that token may meanwhile stand for a lock taken again with it, and the delete
+//! cannot tell them apart. So a new attempt with a token waits until what the earlier attempts
+//! with the same token on any of the same keys did on the nodes is done: their answers in,
+//! their cleanups answered (or given up on). Sent before that, its request could reach a node
+//! ahead of the delete, which then took the keys it had just kept, and a rival got the lock
+//! (tests `api_attacks::a_dropped_token_attempt_does_not_delete_the_retried_lock`, `a_second_
+//! client_reclaiming_the_token_keeps_its_lock`, `a_reclaim_through_other_addresses_of_the_
+//! nodes_keeps_its_lock`).
+//!
+//! * By token and keys, not by client or node addresses: a second client, or one that reaches
+//!   the same servers at other addresses, was not waited for. Attempts on other keys are not
+//!   waited for: a cleanup deletes only its own attempt's keys.
+//! * Until the cleanups answered, not until they were handed to a connection: a request that
+//!   takes another way to the server (another connection, a proxy) can overtake them.
+//! * Each wait lasts at most as long as the earlier attempt can still act — its node deadlines
+//!   plus a cleanup's grace (`engine::DELIVERY_GRACE`) — and never past the caller's retry
+//!   deadline. A cleanup still under way after its grace is not waited for.
+//! * An attempt takes its place before it waits, so two started together wait for each other
+//!   (the second for the first): attempts with one token on one key take turns.
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::engine::Unanswered;
+use crate::token::Token;
+use crate::waiters::lock;
+
+/// How long past its own wait an attempt that has not started yet holds up the ones after
+/// it: its task may be late to run. One that starts later than that takes a new place.
+const START_SLACK: Duration = Duration::from_millis(100);
+
+/// The attempts with a caller's token that may still act on the nodes, process-wide, by
+/// token: a call reads only its own token's. (One list scanned whole by every call made the
+/// calls quadratic while a node hung, each attempt staying listed for its node timeout: 16,384
+/// re-claims that nodes 1 and 2 could grant took 18–31 s against 0.6–1.9 s for as many plain
+/// acquires, and healthy nodes timed out.)
+static ATTEMPTS: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
+
+#[derive(Default)]
+struct Registry {
+    by_token: HashMap<Token, Vec<Entry>>,
+    /// Calls since the whole registry was last swept of attempts that cannot act any more.
+    since_sweep: usize,
+}
+
+impl Registry {
+    /// Drops the attempts that cannot act any more: the token's own at every call, the whole
+    /// registry once per as many calls as it has tokens (so each call's share stays small).
+    fn sweep(&mut self, token: &Token) {
+        let live = |e: &Entry| e.attempt.horizon().is_some();
+        if let Some(entries) = self.by_token.get_mut(token) {
+            entries.retain(live);
+        }
+        self.since_sweep += 1;
+        if self.since_sweep >= self.by_token.len() {
+            self.since_sweep = 0;
+            self.by_token.retain(|_, entries| {
+                entries.retain(live);
+                !entries.is_empty()
+            });
+        }
+    }
+}
+
+struct Entry {
+    keys: Arc<[String]>,
+    attempt: Arc<Attempt>,
+}
+
+/// One registered attempt.
+struct Attempt {
+    stage: Mutex<Stage>,
+    /// Notified when the attempt starts or leaves.
+    changed: Notify,
+}
+
+enum Stage {
+    /// Waiting for the attempts before it; counts as starting until `until`.
+    Starting { until: Instant },
+    /// Its requests were sent.
+    Started(Unanswered),
+    /// Left without sending anything, or settled.
+    Done,
+}
+
+impl Attempt {
+    /// Until when the attempt may still act on the nodes; `None` once it cannot.
+    fn horizon(&self) -> Option<Instant> {
+        let now = Instant::now();
+        match &*lock(&self.stage) {
+            Stage::Starting { until } => (now < *until).then_some(*until),
+            Stage::Started(u) => {
+                let by = u.settles_by();
+                (now < by && u.any_unsettled()).then_some(by)
+            }
+            Stage::Done => None,
+        }
+    }
+
+    /// Waits until the attempt cannot act on the nodes any more, or until `cap`.
+    async fn settled(&self, cap: Option<Instant>) {
+        let limit = |t: Instant| cap.map_or(t, |c| t.min(c));
+        loop {
+            let changed = self.changed.notified();
+            let mut changed = std::pin::pin!(changed);
+            changed.as_mut().enable();
+            let until = match &*lock(&self.stage) {
+                Stage::Starting { until } => Ok(*until),
+                Stage::Started(u) => Err(Some(u.clone())),
+                Stage::Done => Err(None),
+            };
+            let until = match until {
+                Ok(until) => until,
+                Err(Some(started)) => {
+                    return started.settled(limit(started.settles_by())).await;
+                }
+                Err(None) => return,
+            };
+            if Instant::now() >= limit(until) {
+                return;
+            }
+            tokio::select! {
+                () = changed => {}
+                () = tokio::time::sleep_until(limit(until)) => return,
+            }
+        }
+    }
+
+    fn set(&self, stage: Stage) {
+        *lock(&self.stage) = stage;
+        self.changed.notify_waiters();
+    }
+}
+
+/// An attempt's place among those with its token. Dropped before [`Turn::started`] (the
+/// attempt was cancelled while it waited), it leaves at once.
+pub(crate) struct Turn(Arc<Attempt>);
+
+impl Turn {
+    /// The attempt sent its requests: the ones after it wait for `phase` (none: nothing to
+    /// wait for).
+    pub(crate) fn started(self, phase: Option<Unanswered>) {
+        self.0.set(phase.map_or(Stage::Done, Stage::Started));
+    }
+
+    /// Whether the place still holds up the attempts after it.
+    fn in_time(&self) -> bool {
+        matches!(&*lock(&self.0.stage), Stage::Starting { until } if Instant::now() < *until)
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let starting = matches!(&*lock(&self.0.stage), Stage::Starting { .. });
+        if starting {
+            self.0.set(Stage::Done);
+        }
+    }
+}
+
+/// Takes a place for an attempt with the caller's `token` on `keys`, and waits until the
+/// earlier attempts with the same token on any of those keys cannot act on the nodes any more
+/// (see the module's documentation), or until `cap`. The attempt must send its requests right
+/// after, and report it with [`Turn::started`].
+pub(crate) async fn take(token: &Token, keys: &Arc<[String]>, cap: Option<Instant>) -> Turn {
+    loop {
+        let (earlier, turn) = {
+            let mut all = lock(&ATTEMPTS);
+            all.sweep(token);
+            let entries = all.by_token.entry(token.clone()).or_default();
+            let earlier: Vec<Arc<Attempt>> = entries
+                .iter()
+                .filter(|e| e.keys.iter().any(|k| keys.contains(k)))
+                .map(|e| Arc::clone(&e.attempt))
+                .collect();
+            let now = Instant::now();
+            let horizon = earlier
+                .iter()
+                .filter_map(|a| a.horizon())
+                .max()
+                .map_or(now, |h| h.max(now));
+            let attempt = Arc::new(Attempt {
+                stage: Mutex::new(Stage::Starting {
+                    until: horizon + START_SLACK,
+                }),
+                changed: Notify::new(),
+            });
+            entries.push(Entry {
+                keys: Arc::clone(keys),
+                attempt: Arc::clone(&attempt),
+            });
+            (earlier, Turn(attempt))
+        };
+        for attempt in &earlier {
+            attempt.settled(cap).await;
+        }
+        // Waited past its place (an earlier attempt started and took longer than its place
+        // said, or this task ran late): the attempts after it may have gone ahead, and a new
+        // place waits for them.
+        if turn.in_time() || cap.is_some_and(|c| Instant::now() >= c) {
+            return turn;
+        }
+    }
+}

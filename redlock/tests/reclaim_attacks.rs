@@ -1,0 +1,237 @@
+//! Re-claims with a token (`try_acquire_with_token`) under attack, from a review of how a
+//! re-claim waits for the earlier attempts with its token (2026-12-05; real redis-server
+//! processes, loopback only, every wait bounded): a cleanup or an answer whose runtime was
+//! dropped, an attempt that is never polled again, and attempts on other keys. (A cleanup
+//! slower than the re-claimer's own node timeout: `api_attacks::a_reclaim_waits_for_a_cleanup_
+//! slower_than_its_own_node_timeout`.) Each failed before its fix.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use redlock::{Redlock, Token};
+use redlock_testkit::Cluster;
+
+fn client(urls: Vec<String>, node_timeout: Duration) -> Redlock {
+    Redlock::builder()
+        .nodes(urls)
+        .ttl(Duration::from_secs(10))
+        .node_timeout(node_timeout)
+        .build()
+        .unwrap()
+}
+
+fn shown<T>(r: &Result<T, redlock::Error>) -> Result<(), String> {
+    r.as_ref().map(|_| ()).map_err(ToString::to_string)
+}
+
+/// A failed re-claim in a short-lived runtime, dropped with the tasks that followed it: node 0
+/// created the key (its answer came first) and nodes 1 and 2 refused (they hold another
+/// owner's keys), so the cleanup of node 0 was sent, and the runtime was dropped before that
+/// task finished. The cleanup counted as under way from then on, and every later re-claim with
+/// the token, in any runtime, waited for it until its limit.
+#[test]
+fn a_cleanup_dropped_with_its_runtime_does_not_hold_up_later_reclaims() {
+    reclaim_after_a_runtime_was_dropped(
+        "dropped-cleanup",
+        Duration::ZERO,
+        Duration::from_millis(20),
+    );
+}
+
+/// The same with node 0's answer still out when nodes 1 and 2 refused: the task following it
+/// was dropped with the runtime, and the answer counted as still to come.
+#[test]
+fn an_answer_dropped_with_its_runtime_does_not_hold_up_later_reclaims() {
+    reclaim_after_a_runtime_was_dropped(
+        "dropped-answer",
+        Duration::from_millis(200),
+        Duration::ZERO,
+    );
+}
+
+/// A re-claim with a token on `resource` fails in a short-lived runtime, over links that delay
+/// node 0 by `first` and nodes 1 and 2 (which hold another owner's keys) by `others` each way;
+/// the runtime is dropped right after. A re-claim with the token then, in another runtime, must
+/// not wait.
+fn reclaim_after_a_runtime_was_dropped(resource: &str, first: Duration, others: Duration) {
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let cluster = main
+        .block_on(Cluster::builder().nodes(3).proxied(true).start())
+        .unwrap();
+    let token = Token::random().unwrap();
+    let key = format!("redlock:lock:{resource}");
+    main.block_on(async {
+        common::set_px(&cluster, 1, &key, "someone", 60_000).await;
+        common::set_px(&cluster, 2, &key, "someone", 60_000).await;
+    });
+    {
+        let short_lived = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (urls, token) = (cluster.urls(), token.clone());
+        let r = short_lived.block_on(async {
+            let x = client(urls, Duration::from_secs(1));
+            let _ = x.connect().await;
+            for i in 0..3 {
+                let delay = if i == 0 { first } else { others };
+                cluster
+                    .node(i)
+                    .proxy()
+                    .unwrap()
+                    .set_delay(delay, Duration::ZERO);
+            }
+            x.try_acquire_with_token([resource], &token).await
+        });
+        println!("attempt in the short-lived runtime: {:?}", shown(&r));
+        assert!(r.is_err(), "nodes 1 and 2 refuse");
+    }
+    main.block_on(async {
+        for i in 0..3 {
+            cluster.node(i).proxy().unwrap().heal();
+            common::del(&cluster, i, &key).await;
+        }
+        let y = client(cluster.urls(), Duration::from_millis(50));
+        let _ = y.connect().await;
+        let started = Instant::now();
+        let lock = y
+            .try_acquire_with_token([resource], &token)
+            .await
+            .expect("a free lock");
+        let took = started.elapsed();
+        y.release(lock).await.unwrap();
+        println!("re-claim after the runtime was dropped: {took:?}");
+        assert!(
+            took < Duration::from_millis(500),
+            "the re-claim waited {took:?} for an attempt nobody follows any more"
+        );
+    });
+}
+
+/// A re-claim future polled until it waits for an earlier attempt (node 2 hangs under it) and
+/// then kept without being polled, as in a `select!` loop over `&mut future`. A re-claim with
+/// the same token through another client must still go ahead, after a bounded wait: waiting
+/// was a turn held by whoever waited, and it waited for the unpolled future for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unpolled_reclaim_does_not_hold_up_the_next_one_for_ever() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let a = client(cluster.urls(), Duration::from_millis(50));
+    let b = client(cluster.urls(), Duration::from_millis(50));
+    let _ = a.connect().await;
+    let _ = b.connect().await;
+    let token = Token::random().unwrap();
+    cluster.node(2).pause();
+    let earlier = a.try_acquire_with_token(["unpolled"], &token).await;
+    println!("earlier attempt: {:?}", shown(&earlier));
+    let mut kept = Box::pin(a.try_acquire_with_token(["unpolled"], &token));
+    let polled = tokio::time::timeout(Duration::from_millis(2), &mut kept).await;
+    assert!(polled.is_err(), "the kept future waits");
+    cluster.node(2).resume();
+    let started = Instant::now();
+    let next = tokio::time::timeout(
+        Duration::from_secs(5),
+        b.try_acquire_with_token(["unpolled"], &token),
+    )
+    .await;
+    println!(
+        "next re-claim: {:?} after {:?}",
+        next.as_ref().map(shown),
+        started.elapsed()
+    );
+    drop(kept);
+    assert!(
+        matches!(next, Ok(Ok(_))),
+        "the next re-claim did not go ahead within 5 s"
+    );
+}
+
+/// A token re-claimed on other keys (here another cluster's) right after an attempt with it
+/// whose node 2 hangs for its 2 s budget: a cleanup deletes only its own attempt's keys, so
+/// there is nothing to wait for. Matched by token alone, the re-claim waited out that budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaim_on_other_keys_does_not_wait() {
+    let ca = Cluster::start(3).await.unwrap();
+    let cb = Cluster::start(3).await.unwrap();
+    let a = client(ca.urls(), Duration::from_secs(2));
+    let b = client(cb.urls(), Duration::from_secs(2));
+    let _ = a.connect().await;
+    let _ = b.connect().await;
+    let token = Token::random().unwrap();
+    ca.node(2).pause();
+    let on_a = a.try_acquire_with_token(["on-a"], &token).await;
+    println!("on A: {:?}", shown(&on_a));
+    let started = Instant::now();
+    let on_b = b.try_acquire_with_token(["on-b"], &token).await;
+    let took = started.elapsed();
+    println!("on B: {:?} after {took:?}", shown(&on_b));
+    ca.node(2).resume();
+    assert!(on_b.is_ok());
+    assert!(
+        took < Duration::from_secs(1),
+        "the re-claim on other keys waited {took:?} for node 2 of the other cluster"
+    );
+}
+
+/// Takes `total` fresh locks in concurrent chunks of 2,048, each with a fresh token of its own
+/// (`try_acquire_with_token`) or without one; returns the time taken and the failures.
+async fn take_fresh(
+    rl: &Redlock,
+    prefix: &str,
+    with_token: bool,
+    total: usize,
+) -> (Duration, Vec<String>) {
+    let started = Instant::now();
+    let mut failed = Vec::new();
+    for c in 0..total / 2048 {
+        let names: Vec<String> = (0..2048).map(|i| format!("{prefix}-{c}-{i}")).collect();
+        let results = futures_util::future::join_all(names.iter().map(|n| async move {
+            if with_token {
+                let token = Token::random().unwrap();
+                rl.try_acquire_with_token([n.as_str()], &token).await
+            } else {
+                rl.try_acquire(n).await
+            }
+        }))
+        .await;
+        failed.extend(
+            results
+                .iter()
+                .filter_map(|r| r.as_ref().err().map(ToString::to_string)),
+        );
+    }
+    (started.elapsed(), failed)
+}
+
+/// 16,384 locks that nodes 1 and 2 can grant while node 0 hangs (8 s node timeout), each
+/// with a fresh token of its own, against as many without tokens. Every call read the whole
+/// process-wide list of attempts with a token, each of which stayed listed while node 0's
+/// answer was out, under one lock on the runtime's thread: quadratic. With tokens it took
+/// 18–31 s against 0.6–1.9 s without, and some healthy nodes' answers timed out (found in
+/// review).
+#[tokio::test(flavor = "current_thread")]
+async fn reclaims_with_many_tokens_stay_fast_while_a_node_hangs() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = client(cluster.urls(), Duration::from_secs(8));
+    let warm = rl.try_acquire("warm").await.unwrap();
+    rl.release(warm).await.unwrap();
+    cluster.node(0).pause();
+    let (plain, plain_failed) = take_fresh(&rl, "plain", false, 16_384).await;
+    let (tokens, token_failed) = take_fresh(&rl, "token", true, 16_384).await;
+    println!(
+        "without tokens {plain:?} ({} failed); with a token each {tokens:?} ({} failed, first {:?})",
+        plain_failed.len(),
+        token_failed.len(),
+        token_failed.first()
+    );
+    cluster.node(0).resume();
+    assert!(
+        token_failed.is_empty() && tokens < plain * 4 + Duration::from_secs(2),
+        "with tokens {tokens:?} ({} failed) against {plain:?} without",
+        token_failed.len()
+    );
+}
