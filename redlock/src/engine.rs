@@ -293,6 +293,9 @@ struct State {
     /// (the last node deadline, plus a cleanup's [`DELIVERY_GRACE`]), if the phase is given up
     /// by then or kept.
     settles_by: Instant,
+    /// The last node deadline: an attempt with the caller's token sends no cleanup after it
+    /// (see `take_cleanup`).
+    last_deadline: Instant,
     /// The driver is gone (finished, or dropped with its runtime): an answer still out will
     /// not be read, and leads to no cleanup.
     unfollowed: bool,
@@ -334,6 +337,7 @@ impl State {
             kept: false,
             recorded: None,
             settles_by: Instant::now(),
+            last_deadline: Instant::now(),
             unfollowed: false,
             own_token,
         }
@@ -390,7 +394,15 @@ impl State {
         let abandoned = self.abandoned;
         let slot = &mut self.slots[i];
         let may_hold = if self.own_token {
-            slot.outcome == NodeOutcome::Confirmed && !slot.kept
+            // Not after the last node deadline either, whenever the answer is read (the
+            // caller's future may not be polled for a while): until then its deletes are
+            // waited for by the next attempt with the token (`reclaim`), not after. Sent
+            // later, it deleted the keys such an attempt had kept, and a rival took the lock
+            // (test `reclaim_attacks::a_reclaim_polled_again_after_its_deadlines_deletes_
+            // nothing`).
+            slot.outcome == NodeOutcome::Confirmed
+                && !slot.kept
+                && Instant::now() <= self.last_deadline
         } else {
             !matches!(slot.outcome, NodeOutcome::Pending) && slot.outcome.may_hold()
         };
@@ -511,8 +523,13 @@ impl<B: Backend> Phase<B> {
                 settled: false,
             });
         }
-        let give_up = calls.iter().map(|c| c.deadline).max().unwrap_or(now) + DELIVERY_GRACE;
-        lock(&state).settles_by = give_up;
+        let last_deadline = calls.iter().map(|c| c.deadline).max().unwrap_or(now);
+        let give_up = last_deadline + DELIVERY_GRACE;
+        {
+            let mut st = lock(&state);
+            st.settles_by = give_up;
+            st.last_deadline = last_deadline;
+        }
         let earliest = calls.iter().map(|c| c.deadline).min().unwrap_or(give_up);
         let driver = Driver {
             backend: Arc::clone(backend),

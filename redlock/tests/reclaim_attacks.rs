@@ -235,3 +235,48 @@ async fn reclaims_with_many_tokens_stay_fast_while_a_node_hangs() {
         token_failed.len()
     );
 }
+
+/// A re-claim future polled once (its requests sent) and then kept without being polled for
+/// longer than its node deadlines plus a cleanup's grace, after which it counts as unable to
+/// act: a re-claim with the token through another client goes ahead at once and keeps the
+/// keys. When the first future is dropped, its driver reads the answers it never read in time
+/// ("created") and sent their cleanup: [-2, -2, -2], and a rival took the lock while the
+/// second re-claim's lock said valid (found in review). An attempt with the caller's token
+/// sends no cleanup after its last node deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaim_polled_again_after_its_deadlines_deletes_nothing() {
+    use futures_util::FutureExt;
+    let cluster = Cluster::start(3).await.unwrap();
+    let a = client(cluster.urls(), Duration::from_millis(50));
+    let b = client(cluster.urls(), Duration::from_millis(50));
+    let rival = client(cluster.urls(), Duration::from_millis(50));
+    let _ = a.connect().await;
+    let _ = b.connect().await;
+    let _ = rival.connect().await;
+    let token = Token::random().unwrap();
+    let mut kept = Box::pin(a.try_acquire_with_token(["late-drop"], &token));
+    assert!(
+        (&mut kept).now_or_never().is_none(),
+        "the first poll sends and waits"
+    );
+    // Past the kept attempt's node deadlines and a cleanup's grace (1 s).
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    let lock = b
+        .try_acquire_with_token(["late-drop"], &token)
+        .await
+        .expect("the re-claim keeps the keys holding the token");
+    drop(kept);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let pttls = common::pttls(&cluster, "redlock:lock:late-drop").await;
+    let rival_got = rival.try_acquire("late-drop").await;
+    println!(
+        "after the kept future was dropped: PTTL {pttls:?}; the re-claimed lock valid for {:?}; rival: {:?}",
+        lock.remaining(),
+        shown(&rival_got)
+    );
+    assert!(lock.is_valid());
+    assert!(
+        rival_got.is_err(),
+        "two holders: a rival took the lock while the re-claimed lock was valid (PTTL {pttls:?})"
+    );
+}
