@@ -84,6 +84,8 @@ struct Attempt {
 enum Stage {
     /// Waiting for the attempts before it; counts as starting until `until`.
     Starting { until: Instant },
+    /// Done waiting, in time: sending its requests now (the attempt does so without pausing).
+    Sending,
     /// Its requests were sent.
     Started(Unanswered),
     /// Left without sending anything, or settled.
@@ -96,6 +98,7 @@ impl Attempt {
         let now = Instant::now();
         match &*lock(&self.stage) {
             Stage::Starting { until } => (now < *until).then_some(*until),
+            Stage::Sending => Some(now),
             Stage::Started(u) => {
                 let by = u.settles_by();
                 (now < by && u.any_unsettled()).then_some(by)
@@ -112,7 +115,8 @@ impl Attempt {
             let mut changed = std::pin::pin!(changed);
             changed.as_mut().enable();
             let until = match &*lock(&self.stage) {
-                Stage::Starting { until } => Ok(*until),
+                Stage::Starting { until } => Ok(Some(*until)),
+                Stage::Sending => Ok(None),
                 Stage::Started(u) => Err(Some(u.clone())),
                 Stage::Done => Err(None),
             };
@@ -122,6 +126,11 @@ impl Attempt {
                     return started.settled(limit(started.settles_by())).await;
                 }
                 Err(None) => return,
+            };
+            // Sending: started in time, and moments from `Started`.
+            let Some(until) = until else {
+                changed.await;
+                continue;
             };
             if Instant::now() >= limit(until) {
                 return;
@@ -150,15 +159,25 @@ impl Turn {
         self.0.set(phase.map_or(Stage::Done, Stage::Started));
     }
 
-    /// Whether the place still holds up the attempts after it.
-    fn in_time(&self) -> bool {
-        matches!(&*lock(&self.0.stage), Stage::Starting { until } if Instant::now() < *until)
+    /// Whether the place still holds up the attempts after it; if so, it goes on holding them
+    /// up until the attempt started (checked and marked at once, so that none of them goes
+    /// ahead between the check and the attempt's requests).
+    fn claim(&self, anyway: bool) -> bool {
+        let mut stage = lock(&self.0.stage);
+        let in_time = matches!(&*stage, Stage::Starting { until } if Instant::now() < *until);
+        if in_time || anyway {
+            *stage = Stage::Sending;
+        }
+        in_time || anyway
     }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        let starting = matches!(&*lock(&self.0.stage), Stage::Starting { .. });
+        let starting = matches!(
+            &*lock(&self.0.stage),
+            Stage::Starting { .. } | Stage::Sending
+        );
         if starting {
             self.0.set(Stage::Done);
         }
@@ -204,7 +223,7 @@ pub(crate) async fn take(token: &Token, keys: &Arc<[String]>, cap: Option<Instan
         // Waited past its place (an earlier attempt started and took longer than its place
         // said, or this task ran late): the attempts after it may have gone ahead, and a new
         // place waits for them.
-        if turn.in_time() || cap.is_some_and(|c| Instant::now() >= c) {
+        if turn.claim(cap.is_some_and(|c| Instant::now() >= c)) {
             return turn;
         }
     }
