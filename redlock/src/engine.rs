@@ -985,32 +985,29 @@ fn send_cleanup<B: Backend>(
     op: Arc<Op>,
     phase: PhaseName,
 ) {
-    // Recorded however the task ends: also when its runtime drops it unfinished (a waiter
-    // would otherwise wait for it until its own limit, every time).
-    let done = CleanupDone(Arc::clone(state), i);
+    let state = Arc::clone(state);
+    let done = move || {
+        let recorded = lock(&state).cleaned_up(i);
+        if let Some(recorded) = recorded {
+            recorded.notify_waiters();
+        }
+    };
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         tracing::warn!(node = %backend.name(i), "no runtime to release an abandoned grant; it expires with its TTL");
+        done();
         return;
     };
     let call = handed_over(backend.call(i, op));
     let node = backend.name(i).clone();
+    // A task dropped unfinished (its runtime shut down) leaves the cleanup counted as under way
+    // until the phase's `settles_by`: it may have been written and still be on its way, and a
+    // re-claim sent as if it were done went ahead of it and lost its keys to it (test
+    // `reclaim_attacks::a_cleanup_on_its_way_when_its_runtime_is_dropped_is_waited_for`).
     rt.spawn(async move {
         let result = tokio::time::timeout(DELIVERY_GRACE, call).await;
-        drop(done);
+        done();
         telemetry::cleanup(&node, phase, &result);
     });
-}
-
-/// Records, when dropped, that node `.1`'s cleanup answered or will not be followed any more.
-struct CleanupDone(Arc<Mutex<State>>, usize);
-
-impl Drop for CleanupDone {
-    fn drop(&mut self) {
-        let recorded = lock(&self.0).cleaned_up(self.1);
-        if let Some(recorded) = recorded {
-            recorded.notify_waiters();
-        }
-    }
 }
 
 /// One node's request, as the driver sees it.

@@ -92,6 +92,16 @@ enum Stage {
     Done,
 }
 
+/// What a waiter does next in [`Attempt::settled`].
+enum Next {
+    /// Waits for a change until then, and looks again.
+    Until(Instant),
+    /// Waits for a change.
+    Changed,
+    /// Waits for the attempt's requests and cleanups.
+    Settled(Unanswered),
+}
+
 impl Attempt {
     /// Until when the attempt may still act on the nodes; `None` once it cannot.
     fn horizon(&self) -> Option<Instant> {
@@ -108,36 +118,40 @@ impl Attempt {
     }
 
     /// Waits until the attempt cannot act on the nodes any more, or until `cap`.
+    ///
+    /// A place that has not started counts as ended only when its end is seen together with
+    /// its stage, under the stage's lock, where a start is claimed too: a waiter that woke at
+    /// the end and went ahead without looking again went ahead of an attempt that had started
+    /// moments before, whose cleanup then deleted what it kept (test `reclaim_attacks::a_
+    /// waiter_polled_late_does_not_go_ahead_of_an_attempt_that_started_in_time`).
     async fn settled(&self, cap: Option<Instant>) {
         let limit = |t: Instant| cap.map_or(t, |c| t.min(c));
         loop {
             let changed = self.changed.notified();
             let mut changed = std::pin::pin!(changed);
             changed.as_mut().enable();
-            let until = match &*lock(&self.stage) {
-                Stage::Starting { until } => Ok(Some(*until)),
-                Stage::Sending => Ok(None),
-                Stage::Started(u) => Err(Some(u.clone())),
-                Stage::Done => Err(None),
-            };
-            let until = match until {
-                Ok(until) => until,
-                Err(Some(started)) => {
-                    return started.settled(limit(started.settles_by())).await;
+            let next = {
+                let now = Instant::now();
+                match &*lock(&self.stage) {
+                    Stage::Starting { until } if now >= limit(*until) => return,
+                    Stage::Starting { until } => Next::Until(limit(*until)),
+                    // Started in time, and moments from `Started`.
+                    Stage::Sending if cap.is_some_and(|c| now >= c) => return,
+                    Stage::Sending => Next::Changed,
+                    Stage::Started(u) => Next::Settled(u.clone()),
+                    Stage::Done => return,
                 }
-                Err(None) => return,
             };
-            // Sending: started in time, and moments from `Started`.
-            let Some(until) = until else {
-                changed.await;
-                continue;
-            };
-            if Instant::now() >= limit(until) {
-                return;
-            }
-            tokio::select! {
-                () = changed => {}
-                () = tokio::time::sleep_until(limit(until)) => return,
+            match next {
+                // Looked at again when the end comes.
+                Next::Until(end) => {
+                    tokio::select! {
+                        () = changed => {}
+                        () = tokio::time::sleep_until(end) => {}
+                    }
+                }
+                Next::Changed => changed.await,
+                Next::Settled(u) => return u.settled(limit(u.settles_by())).await,
             }
         }
     }
