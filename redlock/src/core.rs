@@ -43,9 +43,6 @@ pub(crate) struct Try {
     pub(crate) rearm: bool,
     /// The attempt races other clients' waiters: it asks the resource's first node first.
     pub(crate) racing: bool,
-    /// The retry policy's deadline, if any: an attempt with the caller's token waits for the
-    /// earlier ones with it no longer than this.
-    pub(crate) deadline: Option<Instant>,
 }
 
 /// Longest time `wait_released` goes without probing the nodes: it bounds what a lost release
@@ -521,7 +518,6 @@ impl<B: Backend> Core<B> {
             token,
             rearm,
             racing,
-            deadline,
         }: Try,
         terms: Terms,
         unanswered: &mut Vec<engine::Unanswered>,
@@ -555,7 +551,7 @@ impl<B: Backend> Core<B> {
         // An attempt with the caller's token waits until the earlier ones with it cannot
         // delete what it takes (see `reclaim`).
         let turn = match rearm {
-            true => Some(crate::reclaim::take(&token, keys, deadline).await),
+            true => Some(crate::reclaim::take(&token, keys).await),
             false => None,
         };
         let mut phase = Phase::start(
@@ -821,7 +817,6 @@ impl<B: Backend> Core<B> {
                             token,
                             rearm: fixed,
                             racing,
-                            deadline,
                         },
                         terms,
                         &mut unanswered,

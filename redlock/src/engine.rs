@@ -289,12 +289,9 @@ struct State {
     /// Notified after each node's outcome is recorded (and its cleanup handed over), once
     /// somebody waits for one (see [`Unanswered`]).
     recorded: Option<Arc<Notify>>,
-    /// By when every request and every cleanup of the phase has answered or been given up on
-    /// (the last node deadline, plus a cleanup's [`DELIVERY_GRACE`]), if the phase is given up
-    /// by then or kept.
-    settles_by: Instant,
     /// The last node deadline: an attempt with the caller's token sends no cleanup after it
-    /// (see `take_cleanup`).
+    /// (see `take_cleanup`), and everything the phase sent has answered or been given up on a
+    /// cleanup's [`DELIVERY_GRACE`] later (see [`Unanswered::settles_by`]).
     last_deadline: Instant,
     /// The driver is gone (finished, or dropped with its runtime): an answer still out will
     /// not be read, and leads to no cleanup.
@@ -336,7 +333,6 @@ impl State {
             abandoned: false,
             kept: false,
             recorded: None,
-            settles_by: Instant::now(),
             last_deadline: Instant::now(),
             unfollowed: false,
             own_token,
@@ -424,12 +420,22 @@ impl State {
             })
     }
 
-    /// Node `i`'s cleanup answered or ran out of time; tells whoever waits for it.
-    fn cleaned_up(&mut self, i: usize) -> Option<Arc<Notify>> {
-        if let Some(slot) = self.slots.get_mut(i) {
-            slot.cleaning = false;
-        }
-        self.recorded.clone()
+    /// Whether some node is [`unsettled`](Self::unsettled).
+    fn any_unsettled(&self) -> bool {
+        (0..self.slots.len()).any(|i| self.unsettled(i))
+    }
+}
+
+/// Changes the phase's state with `change`, then tells whoever waits for a change of it (see
+/// [`Unanswered`]).
+fn changed(state: &Mutex<State>, change: impl FnOnce(&mut State)) {
+    let recorded = {
+        let mut st = lock(state);
+        change(&mut st);
+        st.recorded.clone()
+    };
+    if let Some(recorded) = recorded {
+        recorded.notify_waiters();
     }
 }
 
@@ -525,11 +531,7 @@ impl<B: Backend> Phase<B> {
         }
         let last_deadline = calls.iter().map(|c| c.deadline).max().unwrap_or(now);
         let give_up = last_deadline + DELIVERY_GRACE;
-        {
-            let mut st = lock(&state);
-            st.settles_by = give_up;
-            st.last_deadline = last_deadline;
-        }
+        lock(&state).last_deadline = last_deadline;
         let earliest = calls.iter().map(|c| c.deadline).min().unwrap_or(give_up);
         let driver = Driver {
             backend: Arc::clone(backend),
@@ -581,15 +583,8 @@ impl<B: Backend> Phase<B> {
     /// that arrive after the decision too.
     pub(crate) fn keep(mut self) -> Granted {
         self.cleanup = None;
-        let recorded = {
-            let mut st = lock(&self.state);
-            st.kept = true;
-            st.recorded.clone()
-        };
         // Its grants are settled now (see `State::unsettled`).
-        if let Some(recorded) = recorded {
-            recorded.notify_waiters();
-        }
+        changed(&self.state, |st| st.kept = true);
         Granted(Arc::clone(&self.state))
     }
 
@@ -619,14 +614,15 @@ impl<B: Backend> Phase<B> {
 impl<B: Backend> Drop for Phase<B> {
     fn drop(&mut self) {
         if let Some(cleanup) = self.cleanup.take() {
-            let (targets, recorded) = {
-                let mut st = lock(&self.state);
+            // Grants that get no cleanup are settled now (see `State::unsettled`); those that
+            // get one count as being cleaned up from here on.
+            let mut targets = Vec::new();
+            changed(&self.state, |st| {
                 st.abandoned = true;
-                let targets: Vec<usize> = (0..st.slots.len())
+                targets = (0..st.slots.len())
                     .filter(|&i| st.take_cleanup(i))
                     .collect();
-                (targets, st.recorded.clone())
-            };
+            });
             for i in targets {
                 send_cleanup(
                     &self.backend,
@@ -635,10 +631,6 @@ impl<B: Backend> Drop for Phase<B> {
                     Arc::clone(&cleanup),
                     self.name,
                 );
-            }
-            // Grants that get no cleanup are settled now (see `State::unsettled`).
-            if let Some(recorded) = recorded {
-                recorded.notify_waiters();
             }
         }
         // Requests still in flight: their answers are folded in (late claims, cleanups of late
@@ -684,13 +676,12 @@ impl Unanswered {
     /// By when the phase's requests and cleanups have all answered or been given up on, if it
     /// was given up or kept by then.
     pub(crate) fn settles_by(&self) -> Instant {
-        lock(&self.0).settles_by
+        lock(&self.0).last_deadline + DELIVERY_GRACE
     }
 
     /// Whether some node's answer, or a cleanup it led to, is still out.
     pub(crate) fn any_unsettled(&self) -> bool {
-        let st = lock(&self.0);
-        (0..st.slots.len()).any(|i| st.unsettled(i))
+        lock(&self.0).any_unsettled()
     }
 
     /// Waits — at most until `until` — until every node answered (or timed out) and the
@@ -698,8 +689,7 @@ impl Unanswered {
     /// the nodes is then done, and a request sent afterwards, by any path to the servers, comes
     /// after it.
     pub(crate) async fn settled(&self, until: Instant) {
-        self.wait(until, |st| (0..st.slots.len()).any(|i| st.unsettled(i)))
-            .await;
+        self.wait(until, State::any_unsettled).await;
     }
 
     /// Waits — at most until `until` — until `node` answered (or timed out) and, if it granted,
@@ -987,10 +977,11 @@ fn send_cleanup<B: Backend>(
 ) {
     let state = Arc::clone(state);
     let done = move || {
-        let recorded = lock(&state).cleaned_up(i);
-        if let Some(recorded) = recorded {
-            recorded.notify_waiters();
-        }
+        changed(&state, |st| {
+            if let Some(slot) = st.slots.get_mut(i) {
+                slot.cleaning = false;
+            }
+        });
     };
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         tracing::warn!(node = %backend.name(i), "no runtime to release an abandoned grant; it expires with its TTL");
@@ -1073,14 +1064,7 @@ impl<B: Backend> Drop for Driver<B> {
     fn drop(&mut self) {
         // Also when its runtime drops its task unfinished: whoever waits for the answers still
         // out (see `Unanswered::settled`) would otherwise wait until its limit, every time.
-        let recorded = {
-            let mut st = lock(&self.state);
-            st.unfollowed = true;
-            st.recorded.clone()
-        };
-        if let Some(recorded) = recorded {
-            recorded.notify_waiters();
-        }
+        changed(&self.state, |st| st.unfollowed = true);
     }
 }
 

@@ -15,9 +15,10 @@
 //!   waited for: a cleanup deletes only its own attempt's keys.
 //! * Until the cleanups answered, not until they were handed to a connection: a request that
 //!   takes another way to the server (another connection, a proxy) can overtake them.
-//! * Each wait lasts at most as long as the earlier attempt can still act — its node deadlines
-//!   plus a cleanup's grace (`engine::DELIVERY_GRACE`) — and never past the caller's retry
-//!   deadline. A cleanup still under way after its grace is not waited for.
+//! * Each wait lasts at most as long as the earlier attempt can still act: its node deadlines
+//!   plus a cleanup's grace (`engine::DELIVERY_GRACE`). A cleanup still under way after its
+//!   grace is not waited for. (Such an attempt is the call's only one: no retry deadline
+//!   applies.)
 //! * An attempt takes its place before it waits, so two started together wait for each other
 //!   (the second for the first): attempts with one token on one key take turns.
 
@@ -117,15 +118,14 @@ impl Attempt {
         }
     }
 
-    /// Waits until the attempt cannot act on the nodes any more, or until `cap`.
+    /// Waits until the attempt cannot act on the nodes any more.
     ///
     /// A place that has not started counts as ended only when its end is seen together with
     /// its stage, under the stage's lock, where a start is claimed too: a waiter that woke at
     /// the end and went ahead without looking again went ahead of an attempt that had started
     /// moments before, whose cleanup then deleted what it kept (test `reclaim_attacks::a_
     /// waiter_polled_late_does_not_go_ahead_of_an_attempt_that_started_in_time`).
-    async fn settled(&self, cap: Option<Instant>) {
-        let limit = |t: Instant| cap.map_or(t, |c| t.min(c));
+    async fn settled(&self) {
         loop {
             let changed = self.changed.notified();
             let mut changed = std::pin::pin!(changed);
@@ -133,10 +133,9 @@ impl Attempt {
             let next = {
                 let now = Instant::now();
                 match &*lock(&self.stage) {
-                    Stage::Starting { until } if now >= limit(*until) => return,
-                    Stage::Starting { until } => Next::Until(limit(*until)),
+                    Stage::Starting { until } if now >= *until => return,
+                    Stage::Starting { until } => Next::Until(*until),
                     // Started in time, and moments from `Started`.
-                    Stage::Sending if cap.is_some_and(|c| now >= c) => return,
                     Stage::Sending => Next::Changed,
                     Stage::Started(u) => Next::Settled(u.clone()),
                     Stage::Done => return,
@@ -151,7 +150,7 @@ impl Attempt {
                     }
                 }
                 Next::Changed => changed.await,
-                Next::Settled(u) => return u.settled(limit(u.settles_by())).await,
+                Next::Settled(u) => return u.settled(u.settles_by()).await,
             }
         }
     }
@@ -176,13 +175,13 @@ impl Turn {
     /// Whether the place still holds up the attempts after it; if so, it goes on holding them
     /// up until the attempt started (checked and marked at once, so that none of them goes
     /// ahead between the check and the attempt's requests).
-    fn claim(&self, anyway: bool) -> bool {
+    fn claim(&self) -> bool {
         let mut stage = lock(&self.0.stage);
         let in_time = matches!(&*stage, Stage::Starting { until } if Instant::now() < *until);
-        if in_time || anyway {
+        if in_time {
             *stage = Stage::Sending;
         }
-        in_time || anyway
+        in_time
     }
 }
 
@@ -200,9 +199,9 @@ impl Drop for Turn {
 
 /// Takes a place for an attempt with the caller's `token` on `keys`, and waits until the
 /// earlier attempts with the same token on any of those keys cannot act on the nodes any more
-/// (see the module's documentation), or until `cap`. The attempt must send its requests right
-/// after, and report it with [`Turn::started`].
-pub(crate) async fn take(token: &Token, keys: &Arc<[String]>, cap: Option<Instant>) -> Turn {
+/// (see the module's documentation). The attempt must send its requests right after, and
+/// report it with [`Turn::started`].
+pub(crate) async fn take(token: &Token, keys: &Arc<[String]>) -> Turn {
     loop {
         let (earlier, turn) = {
             let mut all = lock(&ATTEMPTS);
@@ -232,12 +231,12 @@ pub(crate) async fn take(token: &Token, keys: &Arc<[String]>, cap: Option<Instan
             (earlier, Turn(attempt))
         };
         for attempt in &earlier {
-            attempt.settled(cap).await;
+            attempt.settled().await;
         }
         // Waited past its place (an earlier attempt started and took longer than its place
         // said, or this task ran late): the attempts after it may have gone ahead, and a new
         // place waits for them.
-        if turn.claim(cap.is_some_and(|c| Instant::now() >= c)) {
+        if turn.claim() {
             return turn;
         }
     }

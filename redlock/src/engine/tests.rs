@@ -731,7 +731,6 @@ async fn attempt(
         token,
         rearm: false,
         racing,
-        deadline: None,
     };
     core.attempt(resources, keys, how, core.terms(), &mut Vec::new())
         .await
