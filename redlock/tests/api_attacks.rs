@@ -409,7 +409,7 @@ async fn multi_resource_wait(resources: Vec<String>) -> (Result<(), String>, Dur
         .start()
         .await
         .unwrap();
-    let direct: Vec<String> = cluster.nodes().iter().map(|n| n.url()).collect();
+    let direct = common::direct_urls(&cluster);
     let holder = common::client(direct, Duration::from_secs(10));
     let waiter = redlock::Redlock::builder()
         .nodes(cluster.urls())
@@ -483,11 +483,7 @@ async fn two_token_holders_that_split_the_votes_do_not_block_the_lock_for_the_tt
     tokio::time::sleep(Duration::from_millis(350)).await;
     // A's attempt wins node 0 only, if B's grant is still on node 1.
     let ra = a.try_acquire_with_token(["split"], &ta).await;
-    println!(
-        "B: {:?}, A: {:?}",
-        rb.as_ref().map(|_| ()).map_err(ToString::to_string),
-        ra.as_ref().map(|_| ()).map_err(ToString::to_string)
-    );
+    println!("B: {:?}, A: {:?}", common::shown(&rb), common::shown(&ra));
     let mut won = match (ra, rb) {
         (Ok(lock), _) => Some(("A", a.release(lock).await.is_ok())),
         (_, Ok(lock)) => Some(("B", b.release(lock).await.is_ok())),
@@ -547,7 +543,7 @@ async fn a_cancelled_token_attempt_does_not_hold_the_lock_for_the_ttl() {
     .expect("bounded");
     println!(
         "PTTL per node after the cancelled attempt: {pttls:?}; another client: {:?} after {:?}",
-        got.as_ref().map(|_| ()).map_err(ToString::to_string),
+        common::shown(&got),
         started.elapsed()
     );
     let lock = got.expect("a lock nobody holds stayed taken after a cancelled token attempt");
@@ -579,10 +575,7 @@ async fn a_late_grant_cleanup_does_not_delete_the_retried_lock() {
     )
     .await
     .expect("bounded");
-    println!(
-        "first attempt: {:?}",
-        first.as_ref().map(|_| ()).map_err(ToString::to_string)
-    );
+    println!("first attempt: {:?}", common::shown(&first));
     assert!(first.is_err(), "two nodes stalled: the first attempt fails");
     drop(first);
 
@@ -617,7 +610,7 @@ async fn a_late_grant_cleanup_does_not_delete_the_retried_lock() {
     println!(
         "PTTL per node while the retried lock says valid ({:?} left): {pttls:?}; rival: {:?}",
         lock.remaining(),
-        rival_got.as_ref().map(|_| ()).map_err(ToString::to_string)
+        common::shown(&rival_got)
     );
     assert!(lock.is_valid());
     assert!(
@@ -696,29 +689,21 @@ async fn reclaim_after_a_dropped_attempt(resource: &str, retrier: Retrier) {
         .start()
         .await
         .unwrap();
-    let direct: Vec<String> = cluster.nodes().iter().map(|n| n.url()).collect();
-    let client = |urls: Vec<String>| {
+    let direct = common::direct_urls(&cluster);
+    let client = |urls: Vec<String>, node_timeout_ms: u64| {
         redlock::Redlock::builder()
             .nodes(urls)
             .ttl(Duration::from_secs(10))
-            .node_timeout(Duration::from_millis(200))
+            .node_timeout(Duration::from_millis(node_timeout_ms))
             .build()
             .unwrap()
     };
-    let x = client(cluster.urls());
+    let x = client(cluster.urls(), 200);
     let (y, retry_at) = match retrier {
         Retrier::SameClient => (x.clone(), Duration::ZERO),
-        Retrier::SecondClient => (client(cluster.urls()), Duration::ZERO),
-        Retrier::OtherAddresses => (client(direct.clone()), Duration::from_millis(45)),
-        Retrier::BehindASlowCleanup => {
-            let y = redlock::Redlock::builder()
-                .nodes(direct.clone())
-                .ttl(Duration::from_secs(10))
-                .node_timeout(Duration::from_millis(50))
-                .build()
-                .unwrap();
-            (y, Duration::from_millis(45))
-        }
+        Retrier::SecondClient => (client(cluster.urls(), 200), Duration::ZERO),
+        Retrier::OtherAddresses => (client(direct.clone(), 200), Duration::from_millis(45)),
+        Retrier::BehindASlowCleanup => (client(direct.clone(), 50), Duration::from_millis(45)),
     };
     let rival = common::client(direct, Duration::from_secs(10));
     let _ = x.connect().await;
@@ -761,7 +746,7 @@ async fn reclaim_after_a_dropped_attempt(resource: &str, retrier: Retrier) {
     println!(
         "PTTL per node while the retried lock says valid ({:?} left): {pttls:?}; rival: {:?}",
         lock.remaining(),
-        rival_got.as_ref().map(|_| ()).map_err(ToString::to_string)
+        common::shown(&rival_got)
     );
     assert!(lock.is_valid());
     assert!(

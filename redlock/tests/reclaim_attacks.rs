@@ -31,7 +31,7 @@ async fn two_paths(delay: Duration) -> (Cluster, Redlock, Redlock, Redlock) {
         .start()
         .await
         .unwrap();
-    let direct: Vec<String> = cluster.nodes().iter().map(|n| n.url()).collect();
+    let direct = common::direct_urls(&cluster);
     let x = client(cluster.urls(), Duration::from_secs(1));
     let y = client(direct.clone(), Duration::from_secs(1));
     let rival = client(direct, Duration::from_millis(50));
@@ -58,17 +58,13 @@ async fn assert_one_holder(
     println!(
         "PTTL {pttls:?}; the re-claimed lock valid for {:?}; rival: {:?}",
         lock.remaining(),
-        shown(&rival_got)
+        common::shown(&rival_got)
     );
     assert!(lock.is_valid());
     assert!(
         rival_got.is_err(),
         "two holders: a rival took the lock while the re-claimed lock was valid (PTTL {pttls:?})"
     );
-}
-
-fn shown<T>(r: &Result<T, redlock::Error>) -> Result<(), String> {
-    r.as_ref().map(|_| ()).map_err(ToString::to_string)
 }
 
 /// X, through proxies with 150 ms links, is cut short at 200 ms in a short-lived runtime; the
@@ -165,7 +161,10 @@ fn reclaim_after_a_runtime_was_dropped(resource: &str, first: Duration, others: 
             }
             x.try_acquire_with_token([resource], &token).await
         });
-        println!("attempt in the short-lived runtime: {:?}", shown(&r));
+        println!(
+            "attempt in the short-lived runtime: {:?}",
+            common::shown(&r)
+        );
         assert!(r.is_err(), "nodes 1 and 2 refuse");
     }
     main.block_on(async {
@@ -204,7 +203,7 @@ async fn an_unpolled_reclaim_does_not_hold_up_the_next_one_for_ever() {
     let token = Token::random().unwrap();
     cluster.node(2).pause();
     let earlier = a.try_acquire_with_token(["unpolled"], &token).await;
-    println!("earlier attempt: {:?}", shown(&earlier));
+    println!("earlier attempt: {:?}", common::shown(&earlier));
     let mut kept = Box::pin(a.try_acquire_with_token(["unpolled"], &token));
     let polled = tokio::time::timeout(Duration::from_millis(2), &mut kept).await;
     assert!(polled.is_err(), "the kept future waits");
@@ -217,7 +216,7 @@ async fn an_unpolled_reclaim_does_not_hold_up_the_next_one_for_ever() {
     .await;
     println!(
         "next re-claim: {:?} after {:?}",
-        next.as_ref().map(shown),
+        next.as_ref().map(common::shown),
         started.elapsed()
     );
     drop(kept);
@@ -241,11 +240,11 @@ async fn a_reclaim_on_other_keys_does_not_wait() {
     let token = Token::random().unwrap();
     ca.node(2).pause();
     let on_a = a.try_acquire_with_token(["on-a"], &token).await;
-    println!("on A: {:?}", shown(&on_a));
+    println!("on A: {:?}", common::shown(&on_a));
     let started = Instant::now();
     let on_b = b.try_acquire_with_token(["on-b"], &token).await;
     let took = started.elapsed();
-    println!("on B: {:?} after {took:?}", shown(&on_b));
+    println!("on B: {:?} after {took:?}", common::shown(&on_b));
     ca.node(2).resume();
     assert!(on_b.is_ok());
     assert!(
@@ -368,7 +367,7 @@ async fn a_waiter_polled_late_does_not_go_ahead_of_an_attempt_that_started_in_ti
         if let Some(r) = (&mut p).now_or_never() {
             println!(
                 "trial {trial}: P answered on its first poll ({:?}); skipped",
-                shown(&r)
+                common::shown(&r)
             );
             continue;
         }
@@ -396,8 +395,8 @@ async fn a_waiter_polled_late_does_not_go_ahead_of_an_attempt_that_started_in_ti
         let valid = w_lock.as_ref().is_ok_and(redlock::Lock::is_valid);
         println!(
             "trial {trial}: W {:?} at {w_at:?}; PTTL {pttls:?}, W valid: {valid}, rival {:?}",
-            shown(&w_lock),
-            shown(&rival_got)
+            common::shown(&w_lock),
+            common::shown(&rival_got)
         );
         if valid && rival_got.is_ok() {
             broken.push(pttls);
@@ -455,7 +454,7 @@ fn a_cleanup_queued_in_an_idle_runtime_is_not_written_after_the_reclaim() {
         }
         x.try_acquire_with_token(["idle-runtime"], &token).await
     });
-    println!("X, whose runtime then idles: {:?}", shown(&first));
+    println!("X, whose runtime then idles: {:?}", common::shown(&first));
     assert!(first.is_err(), "validity exhausted");
     let lock = main.block_on(async {
         y.try_acquire_with_token(["idle-runtime"], &token)

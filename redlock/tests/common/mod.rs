@@ -7,6 +7,17 @@ use redlock::{Redlock, RetryPolicy};
 use redlock_testkit::Cluster;
 use redlock_testkit::redis::AsyncCommands;
 
+/// The servers' own addresses, bypassing any proxy in front of them.
+pub fn direct_urls(cluster: &Cluster) -> Vec<String> {
+    cluster.nodes().iter().map(|n| n.url()).collect()
+}
+
+/// A result shown without its value (a `Lock` prints its internals): `Ok(())` or the error's
+/// message.
+pub fn shown<T>(r: &Result<T, redlock::Error>) -> Result<(), String> {
+    r.as_ref().map(|_| ()).map_err(ToString::to_string)
+}
+
 /// Per-node timeout used by the test clients.
 pub const NODE_TIMEOUT: Duration = Duration::from_millis(50);
 
