@@ -2,6 +2,7 @@
 //! real Redis nodes in production and on scripted fakes in the algorithm tests.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -29,6 +30,10 @@ pub(crate) enum Op {
         /// deleted it, say) and reconnects, which reads the new one; otherwise the client
         /// ranked by the old record for as long as its connection lasted.
         checked: bool,
+        /// Whether the lock's requests ever left this client for each node (see [`Reach`]);
+        /// `None` for an acquire with the caller's token, whose keys may hold somebody's
+        /// lock already.
+        reach: Option<Reach>,
     },
     /// Owner-checked `PEXPIRE` of every key.
     Extend {
@@ -47,11 +52,113 @@ pub(crate) enum Op {
 }
 
 impl Op {
+    /// Where this request's trip to node `node` is recorded, if anywhere (see [`Reach`]).
+    pub(crate) fn fate(&self, node: usize) -> Option<Fate> {
+        match self {
+            Op::Acquire {
+                reach: Some(reach), ..
+            } if node < reach.0.len() => Some(Fate {
+                reach: reach.clone(),
+                node,
+            }),
+            _ => None,
+        }
+    }
+
     /// Whether an acquire must run the acquire script even for one fresh key without a stamp,
     /// where a plain `SET NX PX` would grant alike: it re-arms a token that may be on the node,
     /// or asks for the identity record to be checked.
     pub(crate) fn scripted(&self) -> bool {
         matches!(self, Op::Acquire { rearm, checked, .. } if *rearm || *checked)
+    }
+}
+
+/// Whether the requests that can write a lock's keys (its acquire, and a renewal's put-back
+/// of keys a node lost) ever left this client for each node, so that its release can spare a
+/// node none of them reached. Without it, a client taking and releasing locks while a node
+/// hung queued a release for that node per lock, without bound (a release is never dropped:
+/// the grant it undoes may be waiting in the same outbox), and the node, once resumed, ran
+/// them all before it could grant again (test `batch_attacks::releases_are_not_queued_for_a_
+/// hung_node_their_grants_never_reached`).
+///
+/// Per node: not known (no request reached the node layer, or its backend does not record
+/// trips: such a node always gets the release), waiting in the client's outbox, sent (handed
+/// to the connection: it may be written), or withdrawn (never to be sent). The outbox marks a
+/// request sent before handing it over and does not send a withdrawn one; the release
+/// withdraws a waiting one, and spares the node only then. Both are one atomic step, so
+/// exactly one of them wins: either the request never leaves the client, or the release goes
+/// out after it, in order.
+#[derive(Clone)]
+pub(crate) struct Reach(Arc<[AtomicU8]>);
+
+const UNKNOWN: u8 = 0;
+const WAITING: u8 = 1;
+const SENT: u8 = 2;
+const WITHDRAWN: u8 = 3;
+
+impl std::fmt::Debug for Reach {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reach").finish_non_exhaustive()
+    }
+}
+
+impl Reach {
+    pub(crate) fn new(nodes: usize) -> Self {
+        Self((0..nodes).map(|_| AtomicU8::new(UNKNOWN)).collect())
+    }
+
+    /// Withdraws the lock's requests to `node` that are still waiting in this client, if
+    /// every one of its requests there is: then none of them ever reached the node, nor ever
+    /// will, and it needs no release. `false` when one may have been sent, or nothing is known.
+    pub(crate) fn withdraw(&self, node: usize) -> bool {
+        self.0.get(node).is_some_and(|s| {
+            s.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| match v {
+                WAITING | WITHDRAWN => Some(WITHDRAWN),
+                _ => None,
+            })
+            .is_ok()
+        })
+    }
+}
+
+/// One node's entry of a lock's [`Reach`], carried by a request to that node.
+#[derive(Clone, Debug)]
+pub(crate) struct Fate {
+    reach: Reach,
+    node: usize,
+}
+
+impl Fate {
+    fn slot(&self) -> &AtomicU8 {
+        &self.reach.0[self.node]
+    }
+
+    /// The request waits in the client's outbox. `false` when the lock's requests to this
+    /// node were withdrawn: it must not wait to be sent.
+    pub(crate) fn waiting(&self) -> bool {
+        let _ = self
+            .slot()
+            .compare_exchange(UNKNOWN, WAITING, Ordering::AcqRel, Ordering::Acquire);
+        self.slot().load(Ordering::Acquire) != WITHDRAWN
+    }
+
+    /// The request is about to be handed to the connection (from then on it may be written).
+    /// `false` when the lock's requests to this node were withdrawn: it must not be sent.
+    pub(crate) fn sending(&self) -> bool {
+        self.slot()
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                (v != WITHDRAWN).then_some(SENT)
+            })
+            .is_ok()
+    }
+
+    /// The client refused the request before it waited anywhere (a full outbox, a restart's
+    /// quarantine): it is never sent. Unless another request of the lock went to the node,
+    /// the node needs no release.
+    pub(crate) fn refused(&self) {
+        let _ =
+            self.slot()
+                .compare_exchange(UNKNOWN, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire);
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::{Backend, Op, Wake};
+use crate::backend::{Backend, Op, Reach, Wake};
 use crate::config::{Config, MAX_RESOURCES_PER_LOCK, RetryPolicy};
 use crate::engine::{self, First, Goal, Judge, Phase};
 use crate::error::{
@@ -538,6 +538,9 @@ impl<B: Backend> Core<B> {
             rearm,
             // The first node is ranked by the servers' identity records: check them.
             checked: first.is_some(),
+            // A fresh token is on no node yet: a node none of the attempt's requests reach
+            // needs no cleanup, nor the lock's release.
+            reach: (!rearm).then(|| Reach::new(self.backend.len())),
         });
         // Until the attempt is decided, its cleanup publishes a wake-up like a release: an
         // attempt abandoned then (its caller cancelled) may hold a quorum, which other clients'
@@ -1198,16 +1201,24 @@ impl<B: Backend> Core<B> {
             // The nodes' late answers have arrived by now.
             self.check_first_node(&lock.resources[0], &lock.keys[0], granted);
         }
-        self.release_parts(&lock.resources, &lock.keys, &lock.token)
-            .await
+        self.release_parts(
+            &lock.resources,
+            &lock.keys,
+            &lock.token,
+            lock.granted.as_ref(),
+        )
+        .await
     }
 
-    /// Owner-checked delete on every node, with a wake-up on the lock's channels.
+    /// Owner-checked delete on every node, with a wake-up on the lock's channels. A node none
+    /// of the lock's requests left this client for (they waited for a hung node) is spared:
+    /// those requests are withdrawn instead, never to be sent (see [`Reach`]).
     pub(crate) async fn release_parts(
         &self,
         resources: &Names,
         keys: &Names,
         token: &Token,
+        granted: Option<&engine::Granted>,
     ) -> Result<ReleaseReport, Error> {
         let span =
             tracing::debug_span!("redlock.release", resources = ?&**resources, token = %token);
@@ -1220,14 +1231,8 @@ impl<B: Backend> Core<B> {
                 channels: Arc::clone(&channels),
                 wake,
             });
-            let mut phase = Phase::start(
-                &self.backend,
-                PhaseName::Release,
-                op,
-                Goal::NoQuorumLeft,
-                None,
-                None,
-            );
+            let spared = granted.map(engine::Granted::withdraw_unsent);
+            let mut phase = Phase::release(&self.backend, op, spared.as_deref().unwrap_or(&[]));
             if let Some(w) = &self.waiters {
                 // The deletes are now queued on every node's connection, and this client's
                 // requests reach each node in the order they were made: a local waiter's
@@ -1403,8 +1408,13 @@ impl<B: Backend> Releaser for Core<B> {
         held: Arc<Held>,
     ) -> futures_util::future::BoxFuture<'_, Result<ReleaseReport, Error>> {
         Box::pin(async move {
-            self.release_parts(&held.resources, &held.keys, &held.token)
-                .await
+            self.release_parts(
+                &held.resources,
+                &held.keys,
+                &held.token,
+                held.granted.as_ref(),
+            )
+            .await
         })
     }
 }

@@ -22,7 +22,7 @@ use tokio::sync::Notify;
 use tokio::task::coop::Unconstrained;
 use tokio::time::{Instant, Sleep};
 
-use crate::backend::{Backend, Op, Reply};
+use crate::backend::{Backend, Op, Reach, Reply};
 use crate::claim::Claim;
 use crate::config::{Config, drift};
 use crate::error::{
@@ -309,10 +309,14 @@ struct State {
     /// budget that comes after the attempt ended is cleaned up when it comes; the next attempt
     /// with the same token waits for it (see `reclaim`).
     own_token: bool,
+    /// Whether the attempt's requests left the client for each node (an acquire with a fresh
+    /// token; see [`Reach`]): its cleanup, and the release of the lock it became, spare a node
+    /// none of them reached.
+    reach: Option<Reach>,
 }
 
 impl State {
-    fn new(goal: Goal, n: usize, own_token: bool) -> Self {
+    fn new(goal: Goal, n: usize, own_token: bool, reach: Option<Reach>) -> Self {
         Self {
             slots: (0..n)
                 .map(|_| Slot {
@@ -336,6 +340,7 @@ impl State {
             last_deadline: Instant::now(),
             unfollowed: false,
             own_token,
+            reach,
         }
     }
 
@@ -473,9 +478,38 @@ impl<B: Backend> Phase<B> {
         cleanup: Option<Arc<Op>>,
         first: Option<First>,
     ) -> Self {
+        Self::launch(backend, name, op, goal, cleanup, first, &[])
+    }
+
+    /// A release phase: `op` to every node but those `spared` (a node none of the lock's
+    /// requests reached, see [`Reach`]), which count as having had nothing to delete.
+    pub(crate) fn release(backend: &Arc<B>, op: Arc<Op>, spared: &[bool]) -> Self {
+        Self::launch(
+            backend,
+            PhaseName::Release,
+            op,
+            Goal::NoQuorumLeft,
+            None,
+            None,
+            spared,
+        )
+    }
+
+    fn launch(
+        backend: &Arc<B>,
+        name: PhaseName,
+        op: Arc<Op>,
+        goal: Goal,
+        cleanup: Option<Arc<Op>>,
+        first: Option<First>,
+        spared: &[bool],
+    ) -> Self {
         let n = backend.len();
-        let own_token = matches!(*op, Op::Acquire { rearm: true, .. });
-        let state = Arc::new(Mutex::new(State::new(goal, n, own_token)));
+        let (own_token, reach) = match &*op {
+            Op::Acquire { rearm, reach, .. } => (*rearm, reach.clone()),
+            _ => (false, None),
+        };
+        let state = Arc::new(Mutex::new(State::new(goal, n, own_token, reach)));
         // Hand the requests over here, in the caller's order; the driver only polls them.
         let now = Instant::now();
         let mut first = first.filter(|f| f.node < n);
@@ -519,6 +553,11 @@ impl<B: Backend> Phase<B> {
                         weak,
                     );
                     (request, now + patience + budget)
+                }
+                (None, None) if spared.get(i) == Some(&true) => {
+                    let nothing: BoxFuture<'static, _> =
+                        Box::pin(std::future::ready(Ok(Reply::No)));
+                    (nothing, now + budget)
                 }
                 (None, None) => (backend.call(i, Arc::clone(&op)), now + budget),
             };
@@ -737,6 +776,26 @@ impl Granted {
             .collect();
         claims.sort_by(|a, b| a.node.cmp(&b.node));
         claims
+    }
+
+    /// Whether the lock's requests left the client for each node (see [`Reach`]).
+    pub(crate) fn reach(&self) -> Option<Reach> {
+        lock(&self.0).reach.clone()
+    }
+
+    /// The nodes the lock's release may spare: every request of the lock to them is withdrawn
+    /// unsent, now (see [`Reach::withdraw`]). Empty when none is.
+    pub(crate) fn withdraw_unsent(&self) -> Vec<bool> {
+        let Some(reach) = self.reach() else {
+            return Vec::new();
+        };
+        let n = lock(&self.0).slots.len();
+        let spared: Vec<bool> = (0..n).map(|i| reach.withdraw(i)).collect();
+        if spared.contains(&true) {
+            spared
+        } else {
+            Vec::new()
+        }
     }
 
     /// The nodes that refused so far (their answers may still be on the way), in node order;
@@ -975,6 +1034,9 @@ fn send_cleanup<B: Backend>(
     op: Arc<Op>,
     phase: PhaseName,
 ) {
+    // None of the attempt's requests left the client for the node, nor ever will: it holds
+    // nothing to clean up.
+    let unsent = lock(state).reach.as_ref().is_some_and(|r| r.withdraw(i));
     let state = Arc::clone(state);
     let done = move || {
         changed(&state, |st| {
@@ -983,6 +1045,10 @@ fn send_cleanup<B: Backend>(
             }
         });
     };
+    if unsent {
+        done();
+        return;
+    }
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         tracing::warn!(node = %backend.name(i), "no runtime to release an abandoned grant; it expires with its TTL");
         done();

@@ -34,7 +34,9 @@ pub enum NodeOutcome {
     /// the TTL. Release: it deleted our key. Connect: it answered the handshake.
     Confirmed,
     /// Acquire: another owner holds the key. Extend: the key no longer holds our token.
-    /// Release: the key was already gone (expired) or belongs to someone else. Also an acquire
+    /// Release: the key was already gone (expired) or belongs to someone else — or none of the
+    /// lock's requests ever left this client for the node (they waited for a node that did not
+    /// answer, and the release withdrew them unsent), so it has nothing to delete. Also an acquire
     /// that raced other clients' waiters and was refused by the node it asks first: the other
     /// nodes were not asked (see [`Config::race_via_first_node`](crate::Config::race_via_first_node)).
     Refused,

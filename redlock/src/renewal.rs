@@ -624,6 +624,12 @@ fn repair<B: Backend>(backend: &Arc<B>, node_timeout: Duration, held: &Arc<Held>
         ttl_ms: lock::ttl_ms(held.ttl),
         rearm: true,
         checked: false,
+        // The lock's own record of which nodes its requests reached: a put-back that reaches
+        // a node means its release must go there too.
+        reach: held
+            .granted
+            .as_ref()
+            .and_then(crate::engine::Granted::reach),
     });
     // Handed over under the `done` lock: a release is either sent after the repair, on the
     // same connections (so it deletes what the repair set), or the repair is not sent. Nor is

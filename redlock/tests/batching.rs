@@ -249,12 +249,7 @@ async fn concurrent_extensions_rearm_each_lock() {
 
 /// `(server name, major, minor)` of node `i`, from `INFO server`.
 async fn server_version(cluster: &Cluster, i: usize) -> (String, u32, u32) {
-    let mut c = cluster.node(i).connection().await.unwrap();
-    let info: String = redlock_testkit::redis::cmd("INFO")
-        .arg("server")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let info = common::info(cluster, i, "server").await;
     let field = |name: &str| {
         info.lines()
             .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(':')))

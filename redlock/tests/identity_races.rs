@@ -80,12 +80,7 @@ async fn churn(stamps: bool, multi: bool) -> (Vec<(usize, String)>, u64, u64) {
     // Longer than any cleanup or late release takes (budgets, grace, release_again_later).
     tokio::time::sleep(Duration::from_millis(2000)).await;
     let left = common::lock_keys(&cluster).await;
-    let mut c = cluster.node(0).connection().await.unwrap();
-    let info: String = redlock_testkit::redis::cmd("INFO")
-        .arg("stats")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let info = common::info(&cluster, 0, "stats").await;
     let conns = info
         .lines()
         .find(|l| l.starts_with("total_connections_received"))

@@ -535,13 +535,9 @@ async fn wait_on_all(
 
 /// Rejected `SUBSCRIBE` commands on node `i` so far (`INFO commandstats`).
 async fn rejected_subscribes(cluster: &Cluster, i: usize) -> u64 {
-    let mut c = cluster.node(i).connection().await.unwrap();
-    let info: String = redlock_testkit::redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut c)
+    common::info(cluster, i, "commandstats")
         .await
-        .unwrap();
-    info.lines()
+        .lines()
         .find_map(|l| l.strip_prefix("cmdstat_subscribe:"))
         .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("rejected_calls=")))
         .map_or(0, |n| n.trim().parse().unwrap())

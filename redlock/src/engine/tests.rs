@@ -303,6 +303,7 @@ fn fresh_acquire() -> Arc<Op> {
         ttl_ms: 10_000,
         rearm: false,
         checked: false,
+        reach: None,
     })
 }
 

@@ -16,7 +16,7 @@ use futures_util::future::{self, BoxFuture};
 use tokio::sync::oneshot;
 
 use super::{Live, REQUEST_QUEUE, RedisNode, lock, quarantine_check};
-use crate::backend::{Batch, Op, Renewed, Reply};
+use crate::backend::{Batch, Fate, Op, Renewed, Reply};
 use crate::engine;
 use crate::error::{NodeError, NodeErrorKind};
 use crate::scripts;
@@ -36,6 +36,8 @@ type Answer<T> = oneshot::Sender<Result<T, NodeError>>;
 struct Queued {
     op: Arc<Op>,
     answer: Answer<Reply>,
+    /// Where the request's trip is recorded (see [`Reach`](crate::backend::Reach)).
+    fate: Option<Fate>,
 }
 
 impl Queued {
@@ -45,6 +47,16 @@ impl Queued {
     /// nobody waits for still deletes a grant.
     fn abandoned(&self) -> bool {
         self.answer.is_closed() && !matches!(*self.op, Op::Release { .. })
+    }
+
+    /// Taken out of the outbox to be sent: `None` when its lock's release withdrew it (it is
+    /// answered with an error and never sent).
+    fn sending(self) -> Option<Self> {
+        if self.fate.as_ref().is_none_or(Fate::sending) {
+            return Some(self);
+        }
+        self.fail(withdrawn());
+        None
     }
 
     fn fail(self, e: NodeError) {
@@ -140,6 +152,13 @@ impl Drop for Place {
     }
 }
 
+fn withdrawn() -> NodeError {
+    NodeError::new(
+        NodeErrorKind::Io,
+        "withdrawn unsent by the lock's release (it waited for this node)",
+    )
+}
+
 fn gone() -> NodeError {
     NodeError::new(
         NodeErrorKind::Io,
@@ -165,18 +184,32 @@ fn token(op: &Op) -> &str {
 impl RedisNode {
     /// Sends `op` on `live`: at once when the connection has a free place and nothing waits,
     /// otherwise with the next batch.
+    ///
+    /// `fate` records whether the request left the client, for its lock's release (see
+    /// [`Reach`](crate::backend::Reach)): marked sent under the outbox's lock before the
+    /// request is handed over, and a request its lock's release withdrew is not sent at all.
     pub(super) fn submit(
         self: &Arc<Self>,
         live: Live,
         op: Arc<Op>,
+        fate: Option<Fate>,
     ) -> BoxFuture<'static, Result<Reply, NodeError>> {
+        let refused = |e: NodeError| {
+            if let Some(fate) = &fate {
+                fate.refused();
+            }
+            future::ready(Err(e)).boxed()
+        };
         if matches!(*op, Op::Acquire { .. })
             && let Err(e) = quarantine_check(&live)
         {
-            return future::ready(Err(e)).boxed();
+            return refused(e);
         }
         let mut state = lock(&live.outbox.0);
         if state.queue.is_empty() && state.in_flight < MAX_IN_FLIGHT {
+            if fate.as_ref().is_some_and(|f| !f.sending()) {
+                return future::ready(Err(withdrawn())).boxed();
+            }
             state.in_flight += 1;
             drop(state);
             let place = Place {
@@ -206,15 +239,22 @@ impl RedisNode {
             }
             state.found_full = (state.found_full + 1) % RESCAN_AFTER;
             if state.queue.len() >= REQUEST_QUEUE {
-                return future::ready(Err(NodeError::new(
+                drop(state);
+                return refused(NodeError::new(
                     NodeErrorKind::Io,
                     format!("{REQUEST_QUEUE} requests are already waiting for this node"),
-                )))
-                .boxed();
+                ));
             }
         }
+        if fate.as_ref().is_some_and(|f| !f.waiting()) {
+            return future::ready(Err(withdrawn())).boxed();
+        }
         let (tx, rx) = oneshot::channel();
-        state.queue.push_back(Queued { op, answer: tx });
+        state.queue.push_back(Queued {
+            op,
+            answer: tx,
+            fate,
+        });
         async move { rx.await.unwrap_or_else(|_| Err(gone())) }.boxed()
     }
 
@@ -266,7 +306,9 @@ impl RedisNode {
                 while items.len() < MAX_BATCH
                     && let Some(item) = state.queue.pop_front()
                 {
-                    if !item.abandoned() {
+                    if !item.abandoned()
+                        && let Some(item) = item.sending()
+                    {
                         items.push(item);
                     }
                 }
@@ -312,7 +354,7 @@ impl RedisNode {
     fn send_ops(self: &Arc<Self>, live: &Live, mut ops: Vec<Queued>) -> BoxFuture<'static, ()> {
         let (node, live) = (Arc::clone(self), live.clone());
         if ops.len() == 1
-            && let Some(Queued { op, answer }) = ops.pop()
+            && let Some(Queued { op, answer, .. }) = ops.pop()
         {
             let call = engine::handed_over(async move { node.request(live, &op).await }.boxed());
             return async move { drop(answer.send(call.await)) }.boxed();

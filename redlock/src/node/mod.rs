@@ -17,7 +17,7 @@ use redis::{AsyncConnectionConfig, Client};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::backend::{Backend, Batch, Op, Renewed, Reply};
+use crate::backend::{Backend, Batch, Fate, Op, Renewed, Reply};
 use crate::engine;
 use crate::error::{ConfigError, NodeError, NodeErrorKind};
 use crate::scripts::{self, LuaScript};
@@ -842,17 +842,21 @@ impl RedisNode {
         }
     }
 
-    /// Sends `op`; see [`RedisNode::with_live`] for the order requests reach the node in, and
+    /// Sends `op`, recording its trip in `fate` (see [`Reach`](crate::backend::Reach)); see
+    /// [`RedisNode::with_live`] for the order requests reach the node in, and
     /// [`RedisNode::submit`] for how requests made while others are in flight are sent together.
     pub(crate) fn run(
         self: &Arc<Self>,
         op: Arc<Op>,
+        fate: Option<Fate>,
     ) -> BoxFuture<'static, Result<Reply, NodeError>> {
         let node = Arc::clone(self);
         if matches!(*op, Op::Release { .. }) {
-            return self.with_live(true, move |live| SeenThrough::boxed(node.submit(live, op)));
+            return self.with_live(true, move |live| {
+                SeenThrough::boxed(node.submit(live, op, fate))
+            });
         }
-        self.with_live(false, move |live| node.submit(live, op))
+        self.with_live(false, move |live| node.submit(live, op, fate))
     }
 
     async fn request(self: &Arc<Self>, live: Live, op: &Op) -> Result<Reply, NodeError> {
@@ -1274,7 +1278,8 @@ impl Backend for RedisBackend {
     }
 
     fn call(&self, i: usize, op: Arc<Op>) -> BoxFuture<'static, Result<Reply, NodeError>> {
-        self.nodes[i].run(op)
+        let fate = op.fate(i);
+        self.nodes[i].run(op, fate)
     }
 
     fn extend_many(
@@ -1359,7 +1364,7 @@ mod tests {
             channels: Vec::new().into(),
             wake: Wake::NONE,
         });
-        drop(engine::handed_over(node.run(release)));
+        drop(engine::handed_over(node.run(release, None)));
         let deadline = Instant::now() + Duration::from_secs(1);
         loop {
             let left: Option<String> = redis::cmd("GET")

@@ -46,6 +46,20 @@ pub async fn no_lock_keys_within(cluster: &Cluster, limit: Duration) -> bool {
     eventually(limit, || async { lock_keys(cluster).await.is_empty() }).await
 }
 
+/// `INFO section` of node `i`, read directly (not through a proxy).
+pub async fn info(cluster: &Cluster, i: usize, section: &str) -> String {
+    let mut c = cluster
+        .node(i)
+        .connection()
+        .await
+        .expect("direct connection");
+    redlock_testkit::redis::cmd("INFO")
+        .arg(section)
+        .query_async(&mut c)
+        .await
+        .expect("INFO")
+}
+
 /// The value of `key` on node `i`, read directly (not through a proxy).
 pub async fn get(cluster: &Cluster, i: usize, key: &str) -> Option<String> {
     let mut c = cluster
