@@ -233,8 +233,9 @@ pub(crate) fn fence_of(
 #[non_exhaustive]
 pub struct ReleaseReport {
     /// Per node: `Granted` = our key was deleted there, `Refused` = it was already gone (or
-    /// someone else's), `Failed`/`TimedOut` = unknown, `Pending` = still in flight when the
-    /// release was decided (finished in the background).
+    /// someone else's, or the lock's requests never left this client for that node: they
+    /// waited for it and were withdrawn unsent), `Failed`/`TimedOut` = unknown, `Pending` =
+    /// still in flight when the release was decided (finished in the background).
     pub nodes: Vec<NodeReport>,
 }
 
