@@ -82,19 +82,24 @@ impl Op {
 /// hung_node_their_grants_never_reached`).
 ///
 /// Per node: not known (no request reached the node layer, or its backend does not record
-/// trips: such a node always gets the release), waiting in the client's outbox, sent (handed
-/// to the connection: it may be written), or withdrawn (never to be sent). The outbox marks a
-/// request sent before handing it over and does not send a withdrawn one; the release
-/// withdraws a waiting one, and spares the node only then. Both are one atomic step, so
-/// exactly one of them wins: either the request never leaves the client, or the release goes
-/// out after it, in order.
+/// trips: such a node always gets the release), refused by the client before it waited
+/// anywhere (a full outbox, a restart's quarantine), waiting in the client's outbox, sent
+/// (handed to the connection: it may be written), or withdrawn (never to be sent). The outbox
+/// marks a request sent before handing it over and does not send a withdrawn one; the release
+/// withdraws a refused or waiting one, and spares the node only then. Both are one atomic
+/// step, so exactly one of them wins: either the request never leaves the client, or the
+/// release goes out after it, in order. Only the release withdraws: a refusal is not final,
+/// and a later put-back of a guard's keys to that node is sent (a refusal that was final kept
+/// every later put-back from the node, and the guard on a bare quorum for good: test
+/// `repair_races::a_repair_refused_by_the_quarantine_does_not_block_the_later_ones`).
 #[derive(Clone)]
 pub(crate) struct Reach(Arc<[AtomicU8]>);
 
 const UNKNOWN: u8 = 0;
-const WAITING: u8 = 1;
-const SENT: u8 = 2;
-const WITHDRAWN: u8 = 3;
+const REFUSED: u8 = 1;
+const WAITING: u8 = 2;
+const SENT: u8 = 3;
+const WITHDRAWN: u8 = 4;
 
 impl std::fmt::Debug for Reach {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -113,7 +118,7 @@ impl Reach {
     pub(crate) fn withdraw(&self, node: usize) -> bool {
         self.0.get(node).is_some_and(|s| {
             s.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| match v {
-                WAITING | WITHDRAWN => Some(WITHDRAWN),
+                REFUSED | WAITING | WITHDRAWN => Some(WITHDRAWN),
                 _ => None,
             })
             .is_ok()
@@ -136,10 +141,13 @@ impl Fate {
     /// The request waits in the client's outbox. `false` when the lock's requests to this
     /// node were withdrawn: it must not wait to be sent.
     pub(crate) fn waiting(&self) -> bool {
-        let _ = self
-            .slot()
-            .compare_exchange(UNKNOWN, WAITING, Ordering::AcqRel, Ordering::Acquire);
-        self.slot().load(Ordering::Acquire) != WITHDRAWN
+        self.slot()
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| match v {
+                UNKNOWN | REFUSED => Some(WAITING),
+                WAITING | SENT => Some(v),
+                _ => None,
+            })
+            .is_ok()
     }
 
     /// The request is about to be handed to the connection (from then on it may be written).
@@ -156,9 +164,9 @@ impl Fate {
     /// quarantine): it is never sent. Unless another request of the lock went to the node,
     /// the node needs no release.
     pub(crate) fn refused(&self) {
-        let _ =
-            self.slot()
-                .compare_exchange(UNKNOWN, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire);
+        let _ = self
+            .slot()
+            .compare_exchange(UNKNOWN, REFUSED, Ordering::AcqRel, Ordering::Acquire);
     }
 }
 

@@ -971,10 +971,11 @@ fn first_call(
         // for this client's stale view, not for anything wrong with the node, and the
         // connection is opened again at once: passing it over would rank the nodes differently
         // from every other client for the span (test
-        // `handoff::a_client_follows_identity_records_replaced_while_it_was_connected`).
+        // `handoff::a_client_follows_identity_records_replaced_while_it_was_connected`). Nor
+        // is a request the lock's release withdrew before it was sent: the node was not asked.
         if answer
             .as_ref()
-            .is_err_and(|e| e.kind() != NodeErrorKind::Identity)
+            .is_err_and(|e| !matches!(e.kind(), NodeErrorKind::Identity | NodeErrorKind::Withdrawn))
             && let Some(missed) = missed.take()
         {
             missed();

@@ -98,6 +98,10 @@ pub enum NodeErrorKind {
     /// The server's identity record is not what the client expects: it changed since the
     /// connection was opened (the data was lost), or the same server is configured twice.
     Identity,
+    /// Not a fault of the node: the request never left this client. It waited to be sent
+    /// (behind others, or for a node that did not answer) until the lock's release withdrew
+    /// it, and nothing of it was written on the node.
+    Withdrawn,
 }
 
 impl NodeError {

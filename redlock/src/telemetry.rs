@@ -32,10 +32,14 @@
 use std::time::Duration;
 
 use crate::backend::Reply;
-use crate::error::{Error, LostReason, NodeError, NodeOutcome, Phase};
+use crate::error::{Error, LostReason, NodeError, NodeErrorKind, NodeOutcome, Phase};
 
 pub(crate) fn node_outcome(node: &str, phase: Phase, outcome: &NodeOutcome) {
     match outcome {
+        // The lock was released before the request left this client: nothing the node did.
+        NodeOutcome::Failed(e) if e.kind() == NodeErrorKind::Withdrawn => {
+            tracing::trace!(node, %phase, "request withdrawn unsent by the lock's release");
+        }
         NodeOutcome::Failed(e) => {
             tracing::debug!(node, %phase, kind = ?e.kind(), error = %e, "node error");
             metrics::counter!("redlock_node_errors_total", "node" => node.to_owned(), "phase" => phase_label(phase)).increment(1);

@@ -154,8 +154,8 @@ impl Drop for Place {
 
 fn withdrawn() -> NodeError {
     NodeError::new(
-        NodeErrorKind::Io,
-        "withdrawn unsent by the lock's release (it waited for this node)",
+        NodeErrorKind::Withdrawn,
+        "withdrawn unsent by the lock's release (it waited to be sent to this node)",
     )
 }
 
