@@ -57,7 +57,7 @@ impl Op {
         match self {
             Op::Acquire {
                 reach: Some(reach), ..
-            } if node < reach.0.len() => Some(Fate {
+            } if node < reach.nodes() => Some(Fate {
                 reach: reach.clone(),
                 node,
             }),
@@ -92,6 +92,13 @@ impl Op {
 /// and a later put-back of a guard's keys to that node is sent (a refusal that was final kept
 /// every later put-back from the node, and the guard on a bare quorum for good: test
 /// `repair_races::a_repair_refused_by_the_quarantine_does_not_block_the_later_ones`).
+///
+/// Once the caller read the lock's token ([`Lock::token`](crate::Lock::token),
+/// [`Lease::token`](crate::Lease::token)), the lock is pinned and its release goes to every
+/// node: the token may have been handed on, and a re-claim with it (`try_acquire_with_token`)
+/// writes keys this record knows nothing of. Sparing node 0 then left the key such a re-claim
+/// wrote there until the TTL, after the release had returned (test `api_attacks::a_release_
+/// deletes_what_a_reclaim_with_the_token_wrote_on_a_hung_node`).
 #[derive(Clone)]
 pub(crate) struct Reach(Arc<[AtomicU8]>);
 
@@ -108,14 +115,27 @@ impl std::fmt::Debug for Reach {
 }
 
 impl Reach {
+    /// One entry per node, then the pin.
     pub(crate) fn new(nodes: usize) -> Self {
-        Self((0..nodes).map(|_| AtomicU8::new(UNKNOWN)).collect())
+        Self((0..=nodes).map(|_| AtomicU8::new(UNKNOWN)).collect())
+    }
+
+    fn nodes(&self) -> usize {
+        self.0.len() - 1
+    }
+
+    /// The lock's token left the library (see above): no node is spared from here on.
+    pub(crate) fn pin(&self) {
+        self.0[self.nodes()].store(WITHDRAWN, Ordering::Release);
     }
 
     /// Withdraws the lock's requests to `node` that are still waiting in this client, if
     /// every one of its requests there is: then none of them ever reached the node, nor ever
     /// will, and it needs no release. `false` when one may have been sent, or nothing is known.
     pub(crate) fn withdraw(&self, node: usize) -> bool {
+        if node >= self.nodes() || self.0[self.nodes()].load(Ordering::Acquire) != UNKNOWN {
+            return false;
+        }
         self.0.get(node).is_some_and(|s| {
             s.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| match v {
                 REFUSED | WAITING | WITHDRAWN => Some(WITHDRAWN),

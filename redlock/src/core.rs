@@ -1241,7 +1241,7 @@ impl<B: Backend> Core<B> {
                 // trip or the nodes' notification. (Should the release fail, their attempt
                 // is refused and they wait again.)
                 for c in channels.iter() {
-                    w.notify_local(c, wake);
+                    w.notify_local(c, wake, spared.as_deref().unwrap_or(&[]));
                 }
             }
             let d = phase.decided().await;

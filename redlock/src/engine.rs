@@ -783,6 +783,13 @@ impl Granted {
         lock(&self.0).reach.clone()
     }
 
+    /// The lock's token was handed to the caller: its release spares no node (see [`Reach`]).
+    pub(crate) fn pin(&self) {
+        if let Some(reach) = &lock(&self.0).reach {
+            reach.pin();
+        }
+    }
+
     /// The nodes the lock's release may spare: every request of the lock to them is withdrawn
     /// unsent, now (see [`Reach::withdraw`]). Empty when none is.
     pub(crate) fn withdraw_unsent(&self) -> Vec<bool> {

@@ -170,8 +170,12 @@ impl Lease {
         self.held.valid_until().remaining()
     }
 
-    /// The lock's token (redacted in `Debug`).
+    /// The lock's token (redacted in `Debug`). Reading it means it may be handed on: the
+    /// lock's release then goes to every node (see [`Lock::token`](crate::Lock::token)).
     pub fn token(&self) -> &Token {
+        if let Some(granted) = &self.held.granted {
+            granted.pin();
+        }
         &self.held.token
     }
 

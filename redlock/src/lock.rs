@@ -162,7 +162,15 @@ impl std::fmt::Debug for Lock {
 
 impl Lock {
     /// The lock's token (redacted in `Debug`; see [`Token::expose`]).
+    ///
+    /// Reading it means it may be handed on (see [`Redlock::try_acquire_with_token`]): the
+    /// lock's release then goes to every node, even one none of its own requests reached.
+    ///
+    /// [`Redlock::try_acquire_with_token`]: crate::Redlock::try_acquire_with_token
     pub fn token(&self) -> &Token {
+        if let Some(granted) = &self.granted {
+            granted.pin();
+        }
         &self.token
     }
 

@@ -589,9 +589,17 @@ impl Waiters {
     /// publish `wake`: those messages then wake nobody here). While a local waiter is there, up
     /// to [`LOCAL_STREAK`] releases in a row are local hand-offs (see [`Interest::handoffs`]);
     /// the one after that is not.
-    pub(crate) fn notify_local(&self, channel: &str, wake: Wake) {
+    ///
+    /// Nodes in `spared` (the release does not go there: none of the lock's requests reached
+    /// them) count as having published it: they have nothing of the lock to delete, and a
+    /// waiter waiting for such a first node's message waited out its node timeout (test
+    /// `waiting::a_local_waiter_does_not_wait_for_a_first_node_the_release_spared`).
+    pub(crate) fn notify_local(&self, channel: &str, wake: Wake, spared: &[bool]) {
         if let Some(c) = lock(&self.shared.state).channels.get_mut(channel) {
             c.first(Some(wake), None);
+            for (i, _) in spared.iter().enumerate().filter(|(_, s)| **s) {
+                c.first(Some(wake), Some(i));
+            }
             c.held_until = None;
             c.released_here = true;
             if c.waiters > 0 {
@@ -1116,7 +1124,7 @@ mod tests {
         };
         // This client's own release: the nodes' messages of it wake nobody here.
         let own = Wake(0x5eed);
-        w.notify_local("c", own);
+        w.notify_local("c", own, &[]);
         assert!(!first(Some(own)));
         // Another client's release: its first message wakes, the other nodes' do not.
         let other = Wake(7);
@@ -1150,13 +1158,13 @@ mod tests {
     async fn local_hand_offs_stop_after_a_streak_and_need_a_local_waiter() {
         let w = waiters();
         // Nobody of this client waits: a release hands nothing off.
-        w.notify_local("c", Wake::random());
+        w.notify_local("c", Wake::random(), &[]);
         let interest = w.interest("c", None).await;
-        w.notify_local("other", Wake::random());
+        w.notify_local("other", Wake::random(), &[]);
         assert_eq!(interest.handoffs(), 0);
         let mut seen = Vec::new();
         for _ in 0..2 * (LOCAL_STREAK + 1) {
-            w.notify_local("c", Wake::random());
+            w.notify_local("c", Wake::random(), &[]);
             seen.push(interest.handoffs());
         }
         // LOCAL_STREAK hand-offs, one release open to everyone, and again.
@@ -1169,7 +1177,7 @@ mod tests {
         assert_eq!(seen, expected);
         drop(interest);
         // The waiter left: releases hand nothing off any more.
-        w.notify_local("c", Wake::random());
+        w.notify_local("c", Wake::random(), &[]);
         let again = w.interest("c", None).await;
         assert_eq!(again.handoffs(), 2 * streak);
     }

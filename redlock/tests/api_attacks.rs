@@ -755,3 +755,61 @@ async fn reclaim_after_a_dropped_attempt(resource: &str, retrier: Retrier) {
     );
     y.release(lock).await.unwrap();
 }
+
+/// A lock taken with a fresh token while node 0 hangs, its token read and re-claimed with
+/// `try_acquire_with_token` in the same client, then the first lock released. The release must
+/// delete what the re-claim writes on node 0 once it wakes, as an owner-checked delete on every
+/// node does. Releases spare a node none of their lock's own requests left the client for (the
+/// lock's grant there still waited, and is withdrawn): here that left the re-claim's key on
+/// node 0 for the TTL after the release returned (6 of 6 runs in review, PTTL [9496, -2, -2]),
+/// and with one more node down nobody could take the lock. A lock whose token was read now
+/// releases on every node.
+#[tokio::test(flavor = "current_thread")]
+async fn a_release_deletes_what_a_reclaim_with_the_token_wrote_on_a_hung_node() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = redlock::Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(10))
+        .node_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let warm = rl.try_acquire("warm").await.unwrap();
+    rl.release(warm).await.unwrap();
+    cluster.node(0).pause();
+    // Two locks whose grants take node 0's two in-flight places: the next ones wait.
+    let busy = [
+        rl.try_acquire("busy-1").await.unwrap(),
+        rl.try_acquire("busy-2").await.unwrap(),
+    ];
+    let first = rl.try_acquire("shared").await.unwrap();
+    let token = first.token().clone();
+    let second = rl
+        .try_acquire_with_token(["shared"], &token)
+        .await
+        .expect("re-claimed on nodes 1 and 2");
+    let report = rl.release(first).await.expect("released on nodes 1 and 2");
+    // The caller counts the token as released: the second lock deletes nothing when dropped.
+    drop(second);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    cluster.node(0).resume();
+    for lock in busy {
+        rl.release(lock).await.unwrap();
+    }
+    let gone = common::eventually(Duration::from_secs(2), || async {
+        common::pttls(&cluster, "redlock:lock:shared").await == [-2, -2, -2]
+    })
+    .await;
+    let pttls = common::pttls(&cluster, "redlock:lock:shared").await;
+    println!(
+        "release per node: {:?}; PTTL per node after it: {pttls:?}",
+        report
+            .nodes
+            .iter()
+            .map(|n| n.outcome.to_string())
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        gone,
+        "the released token's key stayed: PTTL per node {pttls:?}"
+    );
+}

@@ -291,18 +291,10 @@ fn a_runtime_dropped_with_its_thread_does_not_panic() {
 /// The owner-checked deletes node `i` ran so far: `GET`s (the release scripts read each key
 /// before deleting it) and the native deletes (`DELIFEQ`, `DELEX`), from `INFO commandstats`.
 async fn deletes_tried(cluster: &Cluster, i: usize) -> u64 {
-    common::info(cluster, i, "commandstats")
-        .await
-        .lines()
-        .filter_map(|l| {
-            let (name, stats) = l.split_once(':')?;
-            ["cmdstat_get", "cmdstat_delifeq", "cmdstat_delex"]
-                .contains(&name)
-                .then_some(stats)
-        })
-        .filter_map(|stats| stats.split(',').find_map(|f| f.strip_prefix("calls=")))
-        .map(|n| n.trim().parse::<u64>().unwrap())
-        .sum()
+    let node = cluster.node(i);
+    node.command_calls("get").await
+        + node.command_calls("delifeq").await
+        + node.command_calls("delex").await
 }
 
 /// Locks taken and released while node 0 hangs (SIGSTOP): nodes 1 and 2 grant and release
