@@ -793,16 +793,19 @@ impl Granted {
     /// The nodes the lock's release may spare: every request of the lock to them is withdrawn
     /// unsent, now (see [`Reach::withdraw`]). Empty when none is.
     pub(crate) fn withdraw_unsent(&self) -> Vec<bool> {
-        let Some(reach) = self.reach() else {
+        let st = lock(&self.0);
+        let Some(reach) = &st.reach else {
             return Vec::new();
         };
-        let n = lock(&self.0).slots.len();
-        let spared: Vec<bool> = (0..n).map(|i| reach.withdraw(i)).collect();
-        if spared.contains(&true) {
-            spared
-        } else {
-            Vec::new()
+        // Allocated only once a node is spared: a release on healthy nodes spares none.
+        let mut spared = Vec::new();
+        for i in 0..st.slots.len() {
+            if reach.withdraw(i) {
+                spared.resize(st.slots.len(), false);
+                spared[i] = true;
+            }
         }
+        spared
     }
 
     /// The nodes that refused so far (their answers may still be on the way), in node order;
