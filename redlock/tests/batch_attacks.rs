@@ -13,12 +13,14 @@ use futures_util::future::join_all;
 use redlock::{Error, Redlock, Token};
 use redlock_testkit::Cluster;
 
-/// A client whose node timeout (8 s) outlasts filling a hung node's outbox.
+/// A client whose node timeout (30 s) outlasts filling a hung node's outbox. With 8 s, a CI
+/// run with test binaries side by side took 11 s to fill it: the first attempts' requests were
+/// given up on (node timeout + 1 s) and scanned out, and the outbox never filled.
 fn patient_client(cluster: &Cluster) -> Redlock {
     Redlock::builder()
         .nodes(cluster.urls())
-        .ttl(Duration::from_secs(60))
-        .node_timeout(Duration::from_secs(8))
+        .ttl(Duration::from_secs(120))
+        .node_timeout(Duration::from_secs(30))
         .build()
         .expect("valid config")
 }
