@@ -48,6 +48,11 @@ pub(crate) enum Op {
         channels: Arc<[String]>,
         /// The message every node publishes for this release (see [`Wake`]).
         wake: Wake,
+        /// The last moment on the node's clock (`TIME`, µs) at which it may still delete:
+        /// the cleanup of an attempt with the caller's token, which must not run after the
+        /// token's next attempt could have kept the keys (see `scripts::RELEASE_BEFORE`).
+        /// `None` for every other release.
+        before_us: Option<u64>,
     },
 }
 
@@ -70,6 +75,37 @@ impl Op {
     /// or asks for the identity record to be checked.
     pub(crate) fn scripted(&self) -> bool {
         matches!(self, Op::Acquire { rearm, checked, .. } if *rearm || *checked)
+    }
+
+    /// Whether an acquire's grant answers the node's clock: a stamp is one, and an acquire
+    /// that re-arms a token that may be on the node (the caller's own, or a put-back) asks for
+    /// it without stamps, so that the cleanup of an attempt with the caller's token can be
+    /// bounded on the node's clock (see `scripts::RELEASE_BEFORE`).
+    pub(crate) fn timed(&self) -> bool {
+        matches!(
+            self,
+            Op::Acquire { rearm: true, .. } | Op::Acquire { stamped: true, .. }
+        )
+    }
+
+    /// This release, bounded to run on the node only up to `before_us` on its clock.
+    pub(crate) fn before(&self, before_us: u64) -> Option<Op> {
+        match self {
+            Op::Release {
+                keys,
+                token,
+                channels,
+                wake,
+                ..
+            } => Some(Op::Release {
+                keys: Arc::clone(keys),
+                token: token.clone(),
+                channels: Arc::clone(channels),
+                wake: *wake,
+                before_us: Some(before_us),
+            }),
+            _ => None,
+        }
     }
 }
 
@@ -232,11 +268,13 @@ pub(crate) enum Reply {
     /// server's identity and the stamp it issued. A release that deleted something says, when
     /// the node told, how many subscribers heard its wake-up there (this client's own
     /// subscription among them). An acquire grant says whether it `kept` a key that held its
-    /// token already (re-armed it rather than created it; see `scripts::KEPT`).
+    /// token already (re-armed it rather than created it; see `scripts::KEPT`), and, when it
+    /// was asked for ([`Op::timed`]), the node's clock at the grant (`TIME`, µs; a stamp).
     Yes {
         claim: Option<Claim>,
         heard: Option<u32>,
         kept: bool,
+        at_us: Option<u64>,
     },
     /// Refused / not ours / already gone.
     No,
@@ -250,8 +288,9 @@ impl Reply {
     }
 
     /// An acquire script's answer other than an error code (see `scripts::grant`): a grant,
-    /// with the node's claim when `stamped` (`node` = the server's identity), or a refusal.
-    pub(crate) fn acquired(answer: i64, stamped: bool, node: &Arc<str>) -> Self {
+    /// with the node's claim when `stamped` (`node` = the server's identity) and its clock
+    /// when `timed` (see [`Op::timed`]), or a refusal.
+    pub(crate) fn acquired(answer: i64, stamped: bool, timed: bool, node: &Arc<str>) -> Self {
         match crate::scripts::grant(answer) {
             Some((value, kept)) => Reply::Yes {
                 claim: stamped.then(|| Claim {
@@ -260,6 +299,7 @@ impl Reply {
                 }),
                 heard: None,
                 kept,
+                at_us: timed.then_some(value),
             },
             None => Reply::No,
         }
@@ -273,6 +313,7 @@ impl Reply {
                 claim: None,
                 heard,
                 kept: false,
+                at_us: None,
             }
         } else {
             Reply::No

@@ -265,6 +265,7 @@ fn attempt_cleanup(keys: &Names, token: &Token, channels: Option<Arc<[String]>>)
         token: token.clone(),
         channels,
         wake,
+        before_us: None,
     })
 }
 
@@ -1230,6 +1231,7 @@ impl<B: Backend> Core<B> {
                 token: token.clone(),
                 channels: Arc::clone(&channels),
                 wake,
+                before_us: None,
             });
             let spared = granted.map(engine::Granted::withdraw_unsent);
             let mut phase = Phase::release(&self.backend, op, spared.as_deref().unwrap_or(&[]));

@@ -255,8 +255,9 @@ impl Decision {
 }
 
 /// What a node's answer carries besides its outcome: a grant's claim, how many subscribers
-/// heard a release's wake-up, and whether an acquire grant kept a key (`Reply::Yes`).
-type Extras = (Option<Claim>, Option<u32>, bool);
+/// heard a release's wake-up, whether an acquire grant kept a key, and the node's clock at the
+/// grant when asked for (`Reply::Yes`).
+type Extras = (Option<Claim>, Option<u32>, bool, Option<u64>);
 
 /// What the phase knows of one node.
 #[derive(Debug)]
@@ -266,6 +267,8 @@ struct Slot {
     heard: Option<u32>,
     /// The grant re-armed a key that held the token already, rather than created it.
     kept: bool,
+    /// The node's clock at the grant (µs), when the grant answered it (see `Op::timed`).
+    at_us: Option<u64>,
     /// The cleanup request was sent to it.
     cleaned: bool,
     /// Its cleanup was sent and has neither answered nor run out of time.
@@ -324,6 +327,7 @@ impl State {
                     claim: None,
                     heard: None,
                     kept: false,
+                    at_us: None,
                     cleaned: false,
                     cleaning: false,
                 })
@@ -346,7 +350,12 @@ impl State {
 
     /// Records node `i`'s answer; keeps the decision the first time it is known. Returns whether
     /// the node now needs the cleanup request (attempt abandoned and the node may hold our key).
-    fn settle(&mut self, i: usize, outcome: NodeOutcome, (claim, heard, kept): Extras) -> bool {
+    fn settle(
+        &mut self,
+        i: usize,
+        outcome: NodeOutcome,
+        (claim, heard, kept, at_us): Extras,
+    ) -> bool {
         let counts = match self.goal {
             Goal::Quorum => matches!(outcome, NodeOutcome::Confirmed),
             Goal::NoQuorumLeft => matches!(outcome, NodeOutcome::Confirmed | NodeOutcome::Refused),
@@ -357,6 +366,7 @@ impl State {
         slot.claim = claim;
         slot.heard = heard;
         slot.kept = kept;
+        slot.at_us = at_us;
         slot.outcome = outcome;
         if !self.decided
             && let Some(success) = verdict(self.positive, self.pending, self.needed)
@@ -824,6 +834,16 @@ impl Granted {
 /// client for longer than the node timeout. Bounded so a hung node cannot pin memory for long.
 pub(crate) const DELIVERY_GRACE: Duration = Duration::from_secs(1);
 
+/// How long after the grant it undoes, on the node's clock, the cleanup of an attempt with the
+/// caller's token may still delete there (`scripts::RELEASE_BEFORE`). The next attempt with the
+/// token in this process is sent once that cleanup answered, or else [`DELIVERY_GRACE`] after
+/// the attempt's last node deadline; such a cleanup goes only to a node that granted within
+/// its budget, so before that deadline. A cleanup that runs later than this on the node finds
+/// more than [`DELIVERY_GRACE`] of real time between it and the grant only if the node's clock
+/// ran a tenth slow, or stepped back (docs/assumptions.md).
+pub(crate) const CLEANUP_WINDOW: Duration = Duration::from_millis(900);
+const _: () = assert!(CLEANUP_WINDOW.as_millis() < DELIVERY_GRACE.as_millis());
+
 /// A request handed to its node's connection (see [`handed_over`]): its answer if it came at
 /// once, or the request, polled outside tokio's cooperative budget.
 pub(crate) enum Handed<T> {
@@ -1045,9 +1065,23 @@ fn send_cleanup<B: Backend>(
     op: Arc<Op>,
     phase: PhaseName,
 ) {
-    // None of the attempt's requests left the client for the node, nor ever will: it holds
-    // nothing to clean up.
-    let unsent = lock(state).reach.as_ref().is_some_and(|r| r.withdraw(i));
+    let (unsent, op) = {
+        let st = lock(state);
+        // None of the attempt's requests left the client for the node, nor ever will: it holds
+        // nothing to clean up.
+        let unsent = st.reach.as_ref().is_some_and(|r| r.withdraw(i));
+        // The keys an attempt with the caller's token created may, a grace later, be the lock
+        // taken again with the token: its delete must not run on the node after that, however
+        // late it is written (see `CLEANUP_WINDOW`).
+        let at = st
+            .slots
+            .get(i)
+            .and_then(|s| s.at_us)
+            .filter(|_| st.own_token);
+        let window = u64::try_from(CLEANUP_WINDOW.as_micros()).unwrap_or(u64::MAX);
+        let bounded = at.and_then(|at| op.before(at.saturating_add(window)));
+        (unsent, bounded.map_or(op, Arc::new))
+    };
     let state = Arc::clone(state);
     let done = move || {
         changed(&state, |st| {
@@ -1168,9 +1202,12 @@ impl<B: Backend> Future for Driver<B> {
                 continue; // a late answer, after its node was recorded as timed out
             }
             let (outcome, extras) = match answer {
-                Ok(Reply::Yes { claim, heard, kept }) => {
-                    (NodeOutcome::Confirmed, (claim, heard, kept))
-                }
+                Ok(Reply::Yes {
+                    claim,
+                    heard,
+                    kept,
+                    at_us,
+                }) => (NodeOutcome::Confirmed, (claim, heard, kept, at_us)),
                 Ok(Reply::No) => (NodeOutcome::Refused, Extras::default()),
                 Err(e) => (NodeOutcome::Failed(e), Extras::default()),
             };

@@ -17,8 +17,9 @@
 //!   takes another way to the server (another connection, a proxy) can overtake them.
 //! * Each wait lasts at most as long as the earlier attempt can still act: its node deadlines
 //!   plus a cleanup's grace (`engine::DELIVERY_GRACE`). A cleanup still under way after its
-//!   grace is not waited for. (Such an attempt is the call's only one: no retry deadline
-//!   applies.)
+//!   grace is not waited for: it can no longer delete anything by then, since it carries a
+//!   deadline on the node's clock a little shorter than that grace (`engine::CLEANUP_WINDOW`).
+//!   (Such an attempt is the call's only one: no retry deadline applies.)
 //! * An attempt takes its place before it waits, so two started together wait for each other
 //!   (the second for the first): attempts with one token on one key take turns.
 

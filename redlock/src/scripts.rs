@@ -162,7 +162,9 @@ return stamp
 /// held our token already, see [`KEPT`]), 0 on a refusal, −2 when the identity record changed. Used for multi-resource locks, re-acquisition
 /// with a known token, the restart quarantine and racing attempts that ask a first node (whose
 /// ranking follows the identity records); a single fresh resource otherwise uses plain
-/// `SET NX PX`.
+/// `SET NX PX`. With a fourth argument (any value) a grant answers the node's clock (`TIME`,
+/// µs) instead of 1: an attempt with the caller's token bounds its cleanup by it (see
+/// [`RELEASE_BEFORE`]).
 pub(crate) static ACQUIRE_UNSTAMPED: LazyLock<LuaScript> = LazyLock::new(|| {
     let source = format!(
         "{IDENTITY_CHECK}{STRETCH}{}",
@@ -179,8 +181,13 @@ for i = 2, #KEYS do
     kept = true
   end
 end
-if kept then return -11 end
-return 1
+local value = 1
+if ARGV[4] then
+  local t = redis.call('TIME')
+  value = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+if kept then return -10 - value end
+return value
 "
     );
     LuaScript::new(source.leak())
@@ -259,6 +266,23 @@ return out
     LuaScript::new(source.leak())
 });
 
+/// The owner-checked delete shared by [`RELEASE`] and [`RELEASE_BEFORE`], its arguments from
+/// `ARGV[o + 1]` on.
+const RELEASE_BODY: &str = r"
+local n, heard = 0, ARGV[o + 3] and 0 or -1
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[o + 1] then
+    redis.call('DEL', KEYS[i])
+    n = n + 1
+    if ARGV[o + i + 2] then
+      local r = redis.pcall('PUBLISH', ARGV[o + i + 2], ARGV[o + 2])
+      if type(r) == 'number' and heard >= 0 then heard = heard + r else heard = -1 end
+    end
+  end
+end
+return {n, heard}
+";
+
 /// `KEYS` = resource keys; `ARGV[1]` = token, `ARGV[2]` = the release's wake-up id,
 /// `ARGV[3..]` = one wake-up channel per key (none for a cleanup).
 ///
@@ -270,22 +294,32 @@ return out
 /// the rest. The wake-up is best effort (`pcall`): an ACL user without permission on the
 /// channel still releases.
 pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(
+    let source = format!("local o = 0{RELEASE_BODY}");
+    LuaScript::new(source.leak())
+});
+
+/// [`RELEASE`] with a deadline on the node's clock: `ARGV[1]` = the last moment (`TIME`, µs)
+/// at which it may still delete, then [`RELEASE`]'s arguments. Past it, it does nothing and
+/// answers `{0, -1}`.
+///
+/// The cleanup of an attempt with the caller's token deletes by that token, and the keys
+/// holding it may meanwhile stand for the lock taken again with it. The next attempt with the
+/// token in the process waits until such a cleanup answered or its grace ran out; a cleanup
+/// written later than that — its connection's runtime stopped running (a current-thread
+/// runtime driven only inside `block_on`), or the network held it — deleted the keys the
+/// re-claim had kept, and a rival took the lock (test `reclaim_attacks::a_cleanup_queued_in_
+/// an_idle_runtime_is_not_written_after_the_reclaim`). So the cleanup expires on the node, a
+/// little before the grace ends counted from the grant it undoes (the grant answered the
+/// node's clock: its stamp, or `TIME` without stamps).
+pub(crate) static RELEASE_BEFORE: LazyLock<LuaScript> = LazyLock::new(|| {
+    let source = format!(
+        "{}{RELEASE_BODY}",
         r"
-local n, heard = 0, ARGV[3] and 0 or -1
-for i = 1, #KEYS do
-  if redis.call('GET', KEYS[i]) == ARGV[1] then
-    redis.call('DEL', KEYS[i])
-    n = n + 1
-    if ARGV[i + 2] then
-      local r = redis.pcall('PUBLISH', ARGV[i + 2], ARGV[2])
-      if type(r) == 'number' and heard >= 0 then heard = heard + r else heard = -1 end
-    end
-  end
-end
-return {n, heard}
-",
-    )
+local t = redis.call('TIME')
+if tonumber(t[1]) * 1000000 + tonumber(t[2]) > tonumber(ARGV[1]) then return {0, -1} end
+local o = 1"
+    );
+    LuaScript::new(source.leak())
 });
 
 /// One script call for many independent requests to one node (group commit): while a request
@@ -298,20 +332,23 @@ return {n, heard}
 /// order. `ARGV[1]` = the identity record the connection expects; then per request: its kind,
 /// its number of keys, its token, and
 /// - `S` (a fresh token on one key, no stamp: plain `SET NX PX`), `A` (stamped acquire,
-///   as [`ACQUIRE`]), `U` (unstamped acquire, as [`ACQUIRE_UNSTAMPED`]), `E` (extend, as
-///   [`EXTEND`]): its TTL in ms;
+///   as [`ACQUIRE`]), `U` (unstamped acquire, as [`ACQUIRE_UNSTAMPED`]), `V` (the same, its
+///   grant answering the node's clock in µs instead of 1), `E` (extend, as [`EXTEND`]): its
+///   TTL in ms;
 /// - `R` (release, as [`RELEASE`]): the number of wake-up channels (0 or its number of keys),
-///   the wake-up id, then the channels.
+///   the wake-up id, then the channels; `T` (release with a deadline, as [`RELEASE_BEFORE`]):
+///   the same with the deadline (µs) after the wake-up id.
 ///
 /// Answers, in one flat array, per request: what its own script answers (the stamp for `A`,
 /// `−(10 + value)` for a grant that kept a key holding its token already (see [`KEPT`]), −2
-/// for an acquire when the identity record changed) — for `R` two entries, `removed` then
+/// for an acquire when the identity record changed) — for `R` and `T` two entries, `removed` then
 /// `heard`, written once the release has run — or, for a request that raised an error, one
 /// string starting with `E` instead.
 /// Stamps issued in one batch are strictly increasing, continuing from the node's last stamp.
 ///
 /// Written for the server's CPU, which is what limits throughput when several nodes share a
-/// machine: the identity record is read once, and only when the batch holds an `A` or `U`;
+/// machine: the identity record is read once, and only when the batch holds an acquire other
+/// than `S`; the clock is read at most once;
 /// counts are compared as strings before falling back to `tonumber` (a C `strtod` per call);
 /// answers go into one flat array (a nested one per release cost about 1 µs per lock on
 /// Redis 7.0). Measured in `docs/bench/bounds/batch_cost.py`.
@@ -320,19 +357,24 @@ pub(crate) static BATCH: LazyLock<LuaScript> = LazyLock::new(|| {
         "{STRETCH}{}",
         r"
 local out, m = {}, 0
-local same, stamp = nil, nil
+local same, stamp, now = nil, nil, nil
 local function count(s)
   if s == '1' then return 1 elseif s == '0' then return 0 end
   return tonumber(s)
+end
+local function clock()
+  if not now then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return now
 end
 local function next_stamp()
   if stamp then
     stamp = stamp + 1
   else
-    local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
     local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-    stamp = math.max(now, last + 1)
+    stamp = math.max(clock(), last + 1)
   end
   return stamp
 end
@@ -363,13 +405,13 @@ local function run(kind, k, n, a)
   if kind == 'S' then
     if redis.call('SET', KEYS[k], token, 'NX', 'PX', ARGV[a + 3]) then return 1 end
     return 0
-  elseif kind == 'A' or kind == 'U' then
+  elseif kind == 'A' or kind == 'U' or kind == 'V' then
     if same == nil then same = redis.call('GET', KEYS[1]) == ARGV[1] end
     if not same then return -2 end
     local got = acquire(k, n, token, ARGV[a + 3])
     if got == 0 then return 0 end
     local value = 1
-    if kind == 'A' then value = next_stamp() end
+    if kind == 'A' then value = next_stamp() elseif kind == 'V' then value = clock() end
     if got == 2 then return -10 - value end
     return value
   elseif kind == 'E' then
@@ -380,15 +422,20 @@ local function run(kind, k, n, a)
       stretch(KEYS[i], ARGV[a + 3])
     end
     return 1
-  elseif kind == 'R' then
+  elseif kind == 'R' or kind == 'T' then
     local c = count(ARGV[a + 3])
     local done, heard = 0, c > 0 and 0 or -1
+    local o = 0
+    if kind == 'T' then
+      o = 1
+      if clock() > tonumber(ARGV[a + 5]) then n = 0; heard = -1 end
+    end
     for i = 0, n - 1 do
       if redis.call('GET', KEYS[k + i]) == token then
         redis.call('DEL', KEYS[k + i])
         done = done + 1
         if i < c then
-          local r = redis.pcall('PUBLISH', ARGV[a + 5 + i], ARGV[a + 4])
+          local r = redis.pcall('PUBLISH', ARGV[a + 5 + o + i], ARGV[a + 4])
           if type(r) == 'number' and heard >= 0 then heard = heard + r else heard = -1 end
         end
       end
@@ -411,7 +458,13 @@ while a <= last do
   m = m + 1
   out[m] = r
   k = k + n
-  if kind == 'R' then a = a + 5 + count(ARGV[a + 3]) else a = a + 4 end
+  if kind == 'R' then
+    a = a + 5 + count(ARGV[a + 3])
+  elseif kind == 'T' then
+    a = a + 6 + count(ARGV[a + 3])
+  else
+    a = a + 4
+  end
 end
 if stamp then redis.call('SET', KEYS[2], string.format('%.0f', stamp)) end
 return out
@@ -421,7 +474,7 @@ return out
 });
 
 /// Every script, in the order they are preloaded with `SCRIPT LOAD` on a new connection.
-pub(crate) fn all() -> [&'static LuaScript; 7] {
+pub(crate) fn all() -> [&'static LuaScript; 8] {
     [
         &IDENTITY,
         &ACQUIRE,
@@ -429,6 +482,7 @@ pub(crate) fn all() -> [&'static LuaScript; 7] {
         &EXTEND,
         &EXTEND_MANY,
         &RELEASE,
+        &RELEASE_BEFORE,
         &BATCH,
     ]
 }

@@ -415,19 +415,17 @@ async fn a_waiter_polled_late_does_not_go_ahead_of_an_attempt_that_started_in_ti
     );
 }
 
-/// Known problem. X lives in a current-thread runtime that runs only inside `block_on` (a
-/// synchronous wrapper). Its re-claim is granted ("created") on every node but fails its
-/// minimum validity, so its cleanup is handed to the connections — and `block_on` returns:
-/// nothing runs that runtime, the deletes are not written, and their grace has not even
-/// started. Y (another runtime, the servers' own addresses) waits until X's phase can no longer
-/// act by the clock (its deadline plus 1 s), re-claims, and keeps the keys; when X's runtime
-/// runs again, its connections write the deletes: [-2, -2, -2] and a rival took the lock, in
-/// 3 of 3 runs in review. A wait in the client cannot bound a runtime that does not run; the
-/// delete itself would have to expire (for instance by the node's clock, against the grant's
-/// claim stamp).
-#[test]
-#[ignore = "known problem (docs/protocol.md): a cleanup queued in a runtime that stops running is written late"]
-fn a_cleanup_queued_in_an_idle_runtime_is_not_written_after_the_reclaim() {
+/// X lives in a current-thread runtime that runs only inside `block_on` (a synchronous
+/// wrapper). Its re-claim is granted ("created") on every node but fails its minimum validity,
+/// so its cleanup is handed to the connections — and `block_on` returns: nothing runs that
+/// runtime, the deletes are not written, and their grace has not even started. Y (another
+/// runtime, the servers' own addresses) waits until X's phase can no longer act by the clock
+/// (its deadline plus 1 s), re-claims, and keeps the keys; when X's runtime runs again, its
+/// connections write the deletes. Before the cleanup expired on the node, they took the keys
+/// Y kept: `[-2, -2, -2]` and a rival took the lock, in every run (3 of 3 in review, and here
+/// with and without stamps). A wait in the client cannot bound a runtime that does not run, so
+/// the delete carries its own deadline on the node's clock, counted from the grant it undoes.
+fn cleanup_queued_in_an_idle_runtime(stamps: bool) {
     let main = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -444,6 +442,7 @@ fn a_cleanup_queued_in_an_idle_runtime_is_not_written_after_the_reclaim() {
         .ttl(Duration::from_secs(1))
         .min_validity(Duration::from_millis(985))
         .node_timeout(Duration::from_millis(100))
+        .claim_stamps(stamps)
         .build()
         .unwrap();
     let first = x_runtime.block_on(async {
@@ -461,7 +460,36 @@ fn a_cleanup_queued_in_an_idle_runtime_is_not_written_after_the_reclaim() {
             .await
             .expect("Y re-claims")
     });
+    let scripts_run = || {
+        main.block_on(async {
+            let mut calls = Vec::new();
+            for i in 0..3 {
+                calls.push(cluster.node(i).command_calls("evalsha").await);
+            }
+            calls
+        })
+    };
+    let before = scripts_run();
     // X's program makes its next synchronous call.
     x_runtime.block_on(async { tokio::time::sleep(Duration::from_millis(200)).await });
+    let after = scripts_run();
+    println!("script calls on the nodes while X's runtime ran: {before:?} -> {after:?}");
+    // Written late on a majority: before the fix, enough for a rival to take the lock.
+    let late = before.iter().zip(&after).filter(|(b, a)| a > b).count();
+    assert!(
+        late >= 2,
+        "X's cleanup was written to {late} of 3 nodes while its runtime ran, not a majority: \
+         {before:?} -> {after:?}"
+    );
     main.block_on(assert_one_holder(&cluster, &rival, "idle-runtime", &lock));
+}
+
+#[test]
+fn a_cleanup_queued_in_an_idle_runtime_is_not_written_after_the_reclaim() {
+    cleanup_queued_in_an_idle_runtime(true);
+}
+
+#[test]
+fn a_cleanup_queued_in_an_idle_runtime_is_not_written_after_the_reclaim_without_stamps() {
+    cleanup_queued_in_an_idle_runtime(false);
 }

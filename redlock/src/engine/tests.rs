@@ -133,6 +133,7 @@ fn apply(d: &mut NodeData, op: &Op, refuse: bool) -> Reply {
                 }),
                 heard: None,
                 kept: false,
+                at_us: None,
             }
         }
         Op::Extend { keys, token, .. } => {
@@ -144,6 +145,7 @@ fn apply(d: &mut NodeData, op: &Op, refuse: bool) -> Reply {
                     claim: None,
                     heard: None,
                     kept: false,
+                    at_us: None,
                 }
             } else {
                 Reply::No
@@ -163,6 +165,7 @@ fn apply(d: &mut NodeData, op: &Op, refuse: bool) -> Reply {
                     claim: None,
                     heard: None,
                     kept: false,
+                    at_us: None,
                 }
             } else {
                 Reply::No

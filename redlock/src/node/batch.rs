@@ -438,6 +438,8 @@ impl RedisNode {
                 } => {
                     let kind = if *stamped {
                         "A"
+                    } else if op.timed() {
+                        "V"
                     } else if self.plain_set_nx(false, keys.len(), op.scripted()) {
                         "S"
                     } else {
@@ -463,13 +465,17 @@ impl RedisNode {
                     token,
                     channels,
                     wake,
+                    before_us,
                 } => {
-                    cmd.arg("R")
+                    cmd.arg(if before_us.is_some() { "T" } else { "R" })
                         .arg(keys.len())
                         .arg(token.expose())
                         .arg(channels.len())
-                        .arg(wake.message())
-                        .arg(&**channels);
+                        .arg(wake.message());
+                    if let Some(us) = before_us {
+                        cmd.arg(*us);
+                    }
+                    cmd.arg(&**channels);
                 }
             }
         }
@@ -506,7 +512,7 @@ impl RedisNode {
         for op in ops {
             let answer = match entries.next() {
                 Some(redis::Value::Int(n)) => match **op {
-                    Op::Acquire { stamped, .. } => self.acquired(live, stamped, n),
+                    Op::Acquire { stamped, .. } => self.acquired(live, stamped, op.timed(), n),
                     Op::Release { .. } => match entries.next() {
                         Some(redis::Value::Int(heard)) => {
                             Ok(Reply::released(n, u32::try_from(heard).ok()))

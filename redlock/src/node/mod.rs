@@ -770,6 +770,7 @@ impl RedisNode {
                 claim: None,
                 heard: None,
                 kept: false,
+                at_us: None,
             }),
             Ok(None) => Ok(Reply::No),
             Err(e) => Err(self.failed(live, &e, token)),
@@ -784,22 +785,31 @@ impl RedisNode {
     }
 
     /// One acquire request on the open connection; `scripted`: see [`Self::plain_set_nx`].
-    async fn acquire(
-        self: &Arc<Self>,
-        live: Live,
-        stamped: bool,
-        keys: &[String],
-        token: &Token,
-        ttl_ms: u64,
-        scripted: bool,
-    ) -> Result<Reply, NodeError> {
+    async fn acquire(self: &Arc<Self>, live: Live, op: &Op) -> Result<Reply, NodeError> {
+        let Op::Acquire {
+            stamped,
+            ref keys,
+            ref token,
+            ttl_ms,
+            ..
+        } = *op
+        else {
+            return Err(NodeError::new(NodeErrorKind::Server, "not an acquire"));
+        };
+        let (scripted, timed) = (op.scripted(), op.timed());
         // (The restart quarantine was checked when the request was submitted.)
         let t = token.expose();
-        if let ([key], true) = (keys, self.plain_set_nx(stamped, keys.len(), scripted)) {
+        if let ([key], true) = (&**keys, self.plain_set_nx(stamped, keys.len(), scripted)) {
             return self.set_nx(&live, key, t, ttl_ms).await;
         }
         let ttl = ttl_ms.to_string();
-        let args = [t, ttl.as_str(), &*live.record];
+        // Without stamps, a fourth argument asks the grant for the node's clock.
+        let args = [t, ttl.as_str(), &*live.record, "t"];
+        let args = if timed && !stamped {
+            &args[..]
+        } else {
+            &args[..3]
+        };
         let (script, mut all) = if stamped {
             (
                 &*scripts::ACQUIRE,
@@ -810,7 +820,7 @@ impl RedisNode {
         };
         all.extend(keys.iter().map(String::as_str));
         let mut conn = live.conn.clone();
-        let answer: i64 = match evalsha(script, &all, &args).query_async(&mut conn).await {
+        let answer: i64 = match evalsha(script, &all, args).query_async(&mut conn).await {
             Ok(answer) => answer,
             Err(e) if e.code() == Some("NOSCRIPT") => {
                 // Not executed. No late EVAL: it would run after anything sent meanwhile —
@@ -824,12 +834,19 @@ impl RedisNode {
             }
             Err(e) => return Err(self.failed(&live, &e, t)),
         };
-        self.acquired(&live, stamped, answer)
+        self.acquired(&live, stamped, timed, answer)
     }
 
-    /// What an acquire script's answer means: a grant (with its claim when stamped), a
-    /// refusal, or a changed identity record, after which the connection is dropped.
-    fn acquired(&self, live: &Live, stamped: bool, answer: i64) -> Result<Reply, NodeError> {
+    /// What an acquire script's answer means: a grant (with its claim when stamped, and the
+    /// node's clock when `timed`), a refusal, or a changed identity record, after which the
+    /// connection is dropped.
+    fn acquired(
+        &self,
+        live: &Live,
+        stamped: bool,
+        timed: bool,
+        answer: i64,
+    ) -> Result<Reply, NodeError> {
         match answer {
             scripts::IDENTITY_CHANGED => {
                 self.invalidate(live.generation);
@@ -838,7 +855,7 @@ impl RedisNode {
                     "the server's identity record changed since the connection was opened (data loss or another server); nothing granted, reconnecting",
                 ))
             }
-            n => Ok(Reply::acquired(n, stamped, &live.id)),
+            n => Ok(Reply::acquired(n, stamped, timed, &live.id)),
         }
     }
 
@@ -861,21 +878,13 @@ impl RedisNode {
 
     async fn request(self: &Arc<Self>, live: Live, op: &Op) -> Result<Reply, NodeError> {
         match op {
-            Op::Acquire {
-                stamped,
-                keys,
-                token,
-                ttl_ms,
-                ..
-            } => {
-                self.acquire(live, *stamped, keys, token, *ttl_ms, op.scripted())
-                    .await
-            }
+            Op::Acquire { .. } => self.acquire(live, op).await,
             Op::Release {
                 keys,
                 token,
                 channels,
                 wake,
+                before_us: None,
             } if keys.len() == 1 && live.native.delete_if_equal.is_some() => {
                 let t = token.expose();
                 let mut conn = live.conn.clone();
@@ -943,16 +952,22 @@ impl RedisNode {
                 token,
                 channels,
                 wake,
+                before_us,
             } => {
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
                 let t = token.expose();
                 let wake = wake.message();
-                let mut args: Vec<&str> = Vec::with_capacity(channels.len() + 2);
+                let before = before_us.map(|us| us.to_string());
+                let mut args: Vec<&str> = Vec::with_capacity(channels.len() + 3);
+                args.extend(before.as_deref());
                 args.push(t);
                 args.push(&wake);
                 args.extend(channels.iter().map(String::as_str));
-                let (n, heard): (i64, i64) =
-                    self.eval(&live, &scripts::RELEASE, &keys, &args, t).await?;
+                let script = match before_us {
+                    Some(_) => &scripts::RELEASE_BEFORE,
+                    None => &scripts::RELEASE,
+                };
+                let (n, heard): (i64, i64) = self.eval(&live, script, &keys, &args, t).await?;
                 Ok(Reply::released(n, u32::try_from(heard).ok()))
             }
         }
@@ -1332,13 +1347,8 @@ mod tests {
     use crate::backend::Wake;
     use redlock_testkit::Cluster;
 
-    /// A release whose caller stops waiting right after handing it to the connection (a
-    /// cleanup whose grace ran out, a release phase that gave up on the node) still deletes
-    /// its key. The connection skips a command whose caller is gone before it is written; on a
-    /// current-thread runtime the connection's task cannot write it before the drop.
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_release_dropped_once_handed_to_the_connection_still_reaches_the_node() {
-        let cluster = Cluster::start(1).await.unwrap();
+    /// A node of the client's for node 0 of `cluster`, connected.
+    async fn connected(cluster: &Cluster) -> Arc<RedisNode> {
         let spec = NodeSpec::parse(&cluster.urls()[0], None).unwrap();
         let keys = NodeKeys {
             identity: "redlock:node".into(),
@@ -1349,6 +1359,17 @@ mod tests {
         let node = RedisNode::new(0, &spec, Duration::from_secs(1), None, keys, identities);
         let node = Arc::new(node.unwrap());
         node.connect().await.unwrap();
+        node
+    }
+
+    /// A release whose caller stops waiting right after handing it to the connection (a
+    /// cleanup whose grace ran out, a release phase that gave up on the node) still deletes
+    /// its key. The connection skips a command whose caller is gone before it is written; on a
+    /// current-thread runtime the connection's task cannot write it before the drop.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_release_dropped_once_handed_to_the_connection_still_reaches_the_node() {
+        let cluster = Cluster::start(1).await.unwrap();
+        let node = connected(&cluster).await;
         let token = Token::random().unwrap();
         let key = "redlock:lock:dropped";
         let mut probe = cluster.node(0).connection().await.unwrap();
@@ -1363,6 +1384,7 @@ mod tests {
             token,
             channels: Vec::new().into(),
             wake: Wake::NONE,
+            before_us: None,
         });
         drop(engine::handed_over(node.run(release, None)));
         let deadline = Instant::now() + Duration::from_secs(1);
@@ -1380,6 +1402,102 @@ mod tests {
                 "the release never reached the node"
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// A release with a deadline on the node's clock deletes until then and nothing after, on
+    /// its own (`RELEASE_BEFORE`) and in a batch (`T`); an acquire that re-arms a token answers
+    /// the node's clock without stamps, on its own and in a batch (`V`).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_release_with_a_deadline_deletes_only_until_it() {
+        let cluster = Cluster::start(1).await.unwrap();
+        let node = connected(&cluster).await;
+        let mut probe = cluster.node(0).connection().await.unwrap();
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut probe).await.unwrap();
+        let now = secs * 1_000_000 + micros;
+        let token = Token::random().unwrap();
+        for key in ["live-alone", "late-alone", "live-batch", "late-batch"] {
+            let () = redis::cmd("SET")
+                .arg(format!("redlock:lock:{key}"))
+                .arg(token.expose())
+                .query_async(&mut probe)
+                .await
+                .unwrap();
+        }
+        let release = |key: &str, before_us: u64| {
+            Arc::new(Op::Release {
+                keys: vec![format!("redlock:lock:{key}")].into(),
+                token: token.clone(),
+                channels: Vec::new().into(),
+                wake: Wake::NONE,
+                before_us: Some(before_us),
+            })
+        };
+        let acquire = |key: &str, rearm: bool| {
+            Arc::new(Op::Acquire {
+                stamped: false,
+                keys: vec![format!("redlock:lock:{key}")].into(),
+                token: Token::random().unwrap(),
+                ttl_ms: 10_000,
+                rearm,
+                checked: false,
+                reach: None,
+            })
+        };
+        let clock = |reply: Result<Reply, NodeError>| match reply {
+            Ok(Reply::Yes { at_us, .. }) => at_us,
+            other => panic!("not granted: {other:?}"),
+        };
+        let (late, soon) = (now - 1_000_000, now + 60_000_000);
+        let alone = [
+            node.run(release("live-alone", soon), None).await,
+            node.run(release("late-alone", late), None).await,
+        ];
+        let timed_alone = clock(node.run(acquire("timed-alone", true), None).await);
+        // Two plain `SET NX` acquires take both places; what comes meanwhile waits and goes
+        // as one call of the batch script.
+        let scripts_before = cluster.node(0).command_calls("evalsha").await;
+        let fill: Vec<_> = (0..2)
+            .map(|i| node.run(acquire(&format!("fill-{i}"), false), None))
+            .collect();
+        let queued: Vec<_> = [
+            release("live-batch", soon),
+            release("late-batch", late),
+            acquire("timed-batch", true),
+        ]
+        .into_iter()
+        .map(|op| node.run(op, None))
+        .collect();
+        let (_, mut batch) = futures_util::future::join(
+            futures_util::future::join_all(fill),
+            futures_util::future::join_all(queued),
+        )
+        .await;
+        let scripts = cluster.node(0).command_calls("evalsha").await - scripts_before;
+        assert_eq!(scripts, 1, "the three requests went as one script call");
+        let timed_batch = clock(batch.pop().unwrap());
+        let mut left = Vec::new();
+        for key in ["live-alone", "late-alone", "live-batch", "late-batch"] {
+            let value: Option<String> = redis::cmd("GET")
+                .arg(format!("redlock:lock:{key}"))
+                .query_async(&mut probe)
+                .await
+                .unwrap();
+            left.push(value.is_some());
+        }
+        println!("{alone:?} {batch:?}; keys left {left:?}; clocks {timed_alone:?} {timed_batch:?}");
+        assert_eq!(
+            left,
+            [false, true, false, true],
+            "deleted before the deadline only"
+        );
+        assert!(matches!(alone[0], Ok(Reply::Yes { .. })) && alone[1] == Ok(Reply::No));
+        assert!(matches!(batch[0], Ok(Reply::Yes { .. })) && batch[1] == Ok(Reply::No));
+        for at in [timed_alone, timed_batch] {
+            assert!(
+                at.is_some_and(|at| now <= at && at < soon),
+                "the grant answers the node's clock: {at:?}, read {now} before"
+            );
         }
     }
 

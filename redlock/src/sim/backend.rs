@@ -275,15 +275,18 @@ impl SimNode {
         }
     }
 
-    async fn acquire(
-        self: &Arc<Self>,
-        live: Live,
-        stamped: bool,
-        keys: &Arc<[String]>,
-        token: &Token,
-        ttl_ms: u64,
-        scripted: bool,
-    ) -> Result<Reply, NodeError> {
+    async fn acquire(self: &Arc<Self>, live: Live, op: &Op) -> Result<Reply, NodeError> {
+        let Op::Acquire {
+            stamped,
+            ref keys,
+            ref token,
+            ttl_ms,
+            ..
+        } = *op
+        else {
+            return Err(NodeError::new(NodeErrorKind::Server, "not an acquire"));
+        };
+        let (scripted, timed) = (op.scripted(), op.timed());
         if let Some(until) = live.quarantined_until {
             let now = Instant::now();
             if now < until {
@@ -307,6 +310,7 @@ impl SimNode {
                     claim: None,
                     heard: None,
                     kept: false,
+                    at_us: None,
                 }),
                 Resp::Bool(false) => Ok(Reply::No),
                 other => Err(unexpected(&other)),
@@ -319,6 +323,7 @@ impl SimNode {
             keys: Arc::clone(keys),
             token: token.clone(),
             ttl_ms,
+            timed: timed && !stamped,
         };
         let answer = match self.send(&live, Req::Script { sha: true, call }).await? {
             Resp::Int(n) => n,
@@ -339,22 +344,14 @@ impl SimNode {
                     "the server's identity record changed since the connection was opened (data loss or another server); nothing granted, reconnecting",
                 ))
             }
-            n => Ok(Reply::acquired(n, stamped, &live.id)),
+            n => Ok(Reply::acquired(n, stamped, timed, &live.id)),
         }
     }
 
     async fn request(self: &Arc<Self>, live: Live, op: &Op) -> Result<Reply, NodeError> {
         let n = match op {
-            Op::Acquire {
-                stamped,
-                keys,
-                token,
-                ttl_ms,
-                ..
-            } => {
-                return self
-                    .acquire(live, *stamped, keys, token, *ttl_ms, op.scripted())
-                    .await;
+            Op::Acquire { .. } => {
+                return self.acquire(live, op).await;
             }
             Op::Extend {
                 keys,
@@ -373,12 +370,14 @@ impl SimNode {
                 token,
                 channels,
                 wake,
+                before_us,
             } => {
                 self.eval(&live, || Call::Release {
                     keys: Arc::clone(keys),
                     token: token.clone(),
                     channels: Arc::clone(channels),
                     wake: *wake,
+                    before_us: *before_us,
                 })
                 .await?
             }

@@ -65,6 +65,8 @@ pub(crate) enum Call {
         keys: Arc<[String]>,
         token: Token,
         ttl_ms: u64,
+        /// Without a stamp, a grant answers the node's clock instead of 1.
+        timed: bool,
     },
     Extend {
         keys: Arc<[String]>,
@@ -77,6 +79,8 @@ pub(crate) enum Call {
         token: Token,
         channels: Arc<[String]>,
         wake: Wake,
+        /// The last moment on the node's clock (µs) at which it may still delete.
+        before_us: Option<u64>,
     },
 }
 
@@ -442,6 +446,7 @@ impl Node {
                 keys,
                 token,
                 ttl_ms,
+                timed,
             } => {
                 if self.get(ms, &identity) != Some(&*record) {
                     return Resp::Int(crate::scripts::IDENTITY_CHANGED);
@@ -474,7 +479,7 @@ impl Node {
                     }
                 }
                 let Some(stamp) = stamp else {
-                    return Resp::Int(answer(1));
+                    return Resp::Int(answer(if timed { us } else { 1 }));
                 };
                 let last = self
                     .get(ms, &stamp)
@@ -526,7 +531,11 @@ impl Node {
                 token,
                 channels,
                 wake,
+                before_us,
             } => {
+                if before_us.is_some_and(|b| u64::try_from(us).map_or(true, |us| us > b)) {
+                    return Resp::Int(0);
+                }
                 let mut n = 0;
                 for (i, k) in keys.iter().enumerate() {
                     if self.get(ms, k) == Some(token.expose()) {
