@@ -77,15 +77,12 @@ impl Op {
         matches!(self, Op::Acquire { rearm, checked, .. } if *rearm || *checked)
     }
 
-    /// Whether an acquire's grant answers the node's clock: a stamp is one, and an acquire
-    /// that re-arms a token that may be on the node (the caller's own, or a put-back) asks for
-    /// it without stamps, so that the cleanup of an attempt with the caller's token can be
-    /// bounded on the node's clock (see `scripts::RELEASE_BEFORE`).
+    /// Whether an acquire's grant answers the node's clock (`scripts::GRANT_CLOCK`): one that
+    /// re-arms a token that may be on the node (the caller's own, or a put-back), so that the
+    /// cleanup of an attempt with the caller's token can be bounded on the node's clock (see
+    /// `scripts::RELEASE_BEFORE`).
     pub(crate) fn timed(&self) -> bool {
-        matches!(
-            self,
-            Op::Acquire { rearm: true, .. } | Op::Acquire { stamped: true, .. }
-        )
+        matches!(self, Op::Acquire { rearm: true, .. })
     }
 
     /// This release, bounded to run on the node only up to `before_us` on its clock.
@@ -289,8 +286,13 @@ impl Reply {
 
     /// An acquire script's answer other than an error code (see `scripts::grant`): a grant,
     /// with the node's claim when `stamped` (`node` = the server's identity) and its clock
-    /// when `timed` (see [`Op::timed`]), or a refusal.
-    pub(crate) fn acquired(answer: i64, stamped: bool, timed: bool, node: &Arc<str>) -> Self {
+    /// `at_us` if it answered one (see [`Op::timed`]), or a refusal.
+    pub(crate) fn acquired(
+        answer: i64,
+        stamped: bool,
+        at_us: Option<u64>,
+        node: &Arc<str>,
+    ) -> Self {
         match crate::scripts::grant(answer) {
             Some((value, kept)) => Reply::Yes {
                 claim: stamped.then(|| Claim {
@@ -299,7 +301,7 @@ impl Reply {
                 }),
                 heard: None,
                 kept,
-                at_us: timed.then_some(value),
+                at_us,
             },
             None => Reply::No,
         }

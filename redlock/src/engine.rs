@@ -267,8 +267,9 @@ struct Slot {
     heard: Option<u32>,
     /// The grant re-armed a key that held the token already, rather than created it.
     kept: bool,
-    /// The node's clock at the grant (µs), when the grant answered it (see `Op::timed`).
-    at_us: Option<u64>,
+    /// For an attempt with the caller's token, the last moment on the node's clock (µs) at
+    /// which the cleanup of its grant there may still delete (see [`cleanup_deadline`]).
+    before_us: Option<u64>,
     /// The cleanup request was sent to it.
     cleaned: bool,
     /// Its cleanup was sent and has neither answered nor run out of time.
@@ -327,7 +328,7 @@ impl State {
                     claim: None,
                     heard: None,
                     kept: false,
-                    at_us: None,
+                    before_us: None,
                     cleaned: false,
                     cleaning: false,
                 })
@@ -366,7 +367,9 @@ impl State {
         slot.claim = claim;
         slot.heard = heard;
         slot.kept = kept;
-        slot.at_us = at_us;
+        slot.before_us = at_us
+            .filter(|_| self.own_token)
+            .map(|at| cleanup_deadline(at, self.last_deadline, Instant::now()));
         slot.outcome = outcome;
         if !self.decided
             && let Some(success) = verdict(self.positive, self.pending, self.needed)
@@ -834,15 +837,27 @@ impl Granted {
 /// client for longer than the node timeout. Bounded so a hung node cannot pin memory for long.
 pub(crate) const DELIVERY_GRACE: Duration = Duration::from_secs(1);
 
-/// How long after the grant it undoes, on the node's clock, the cleanup of an attempt with the
-/// caller's token may still delete there (`scripts::RELEASE_BEFORE`). The next attempt with the
+/// How much of the real time that passes the nodes' clocks are taken to count at least, for
+/// [`cleanup_deadline`]: a tenth slow is far beyond any clock that keeps time (docs/assumptions.md).
+const NODE_CLOCK_RATE: f64 = 0.9;
+
+/// The last moment on a node's clock (µs) at which the cleanup of a grant of an attempt with
+/// the caller's token may still delete there (`scripts::RELEASE_BEFORE`): `at_us` is the node's
+/// clock read before the grant, `read` when its answer was read. The next attempt with the
 /// token in this process is sent once that cleanup answered, or else [`DELIVERY_GRACE`] after
-/// the attempt's last node deadline; such a cleanup goes only to a node that granted within
-/// its budget, so before that deadline. A cleanup that runs later than this on the node finds
-/// more than [`DELIVERY_GRACE`] of real time between it and the grant only if the node's clock
-/// ran a tenth slow, or stepped back (docs/assumptions.md).
-pub(crate) const CLEANUP_WINDOW: Duration = Duration::from_millis(900);
-const _: () = assert!(CLEANUP_WINDOW.as_millis() < DELIVERY_GRACE.as_millis());
+/// the attempt's `last_deadline`, so at least that long after `read`, and after the grant; the
+/// node's clock counts at least [`NODE_CLOCK_RATE`] of it unless it is stepped back. A cleanup
+/// written after the re-claim (its runtime stopped running) then deletes nothing. Counted from
+/// the grant, a fixed 0.9 s was too short for a node whose answer took most of a 1 s budget:
+/// its cleanup came 0.92 s after the grant, and the failed re-claim's key stayed for its TTL
+/// (test `reclaim_attacks::a_failed_reclaims_cleanup_reaches_a_slow_node_in_time`).
+fn cleanup_deadline(at_us: u64, last_deadline: Instant, read: Instant) -> u64 {
+    let waited = (last_deadline + DELIVERY_GRACE).saturating_duration_since(read);
+    let window = waited
+        .mul_f64(NODE_CLOCK_RATE)
+        .saturating_sub(Duration::from_millis(1));
+    at_us.saturating_add(u64::try_from(window.as_micros()).unwrap_or(u64::MAX))
+}
 
 /// A request handed to its node's connection (see [`handed_over`]): its answer if it came at
 /// once, or the request, polled outside tokio's cooperative budget.
@@ -1072,14 +1087,9 @@ fn send_cleanup<B: Backend>(
         let unsent = st.reach.as_ref().is_some_and(|r| r.withdraw(i));
         // The keys an attempt with the caller's token created may, a grace later, be the lock
         // taken again with the token: its delete must not run on the node after that, however
-        // late it is written (see `CLEANUP_WINDOW`).
-        let at = st
-            .slots
-            .get(i)
-            .and_then(|s| s.at_us)
-            .filter(|_| st.own_token);
-        let window = u64::try_from(CLEANUP_WINDOW.as_micros()).unwrap_or(u64::MAX);
-        let bounded = at.and_then(|at| op.before(at.saturating_add(window)));
+        // late it is written (see `cleanup_deadline`).
+        let before = st.slots.get(i).and_then(|s| s.before_us);
+        let bounded = before.and_then(|before| op.before(before));
         (unsent, bounded.map_or(op, Arc::new))
     };
     let state = Arc::clone(state);

@@ -18,7 +18,7 @@
 //! * Each wait lasts at most as long as the earlier attempt can still act: its node deadlines
 //!   plus a cleanup's grace (`engine::DELIVERY_GRACE`). A cleanup still under way after its
 //!   grace is not waited for: it can no longer delete anything by then, since it carries a
-//!   deadline on the node's clock a little shorter than that grace (`engine::CLEANUP_WINDOW`).
+//!   deadline on the node's clock that ends before it (`engine::cleanup_deadline`).
 //!   (Such an attempt is the call's only one: no retry deadline applies.)
 //! * An attempt takes its place before it waits, so two started together wait for each other
 //!   (the second for the first): attempts with one token on one key take turns.

@@ -65,6 +65,19 @@ const IDENTITY_CHECK: &str = r"
 if redis.call('GET', KEYS[1]) ~= ARGV[3] then return -2 end
 ";
 
+/// Read first by both acquire scripts when given a fourth argument (any value): the node's
+/// clock (`TIME`, µs) before anything is granted, which a grant then answers beside its value
+/// (`{value, clock}` instead of `value`; a refusal answers as without it). An attempt with the
+/// caller's token bounds its cleanup by it (see [`RELEASE_BEFORE`]); a stamp is not the clock
+/// (stamps go on from the last one, which a clock stepped back leaves ahead).
+const GRANT_CLOCK: &str = r"
+local at = nil
+if ARGV[4] then
+  local c = redis.call('TIME')
+  at = tonumber(c[1]) * 1000000 + tonumber(c[2])
+end
+";
+
 /// Run once per new connection: `KEYS[1]` = the node's identity record, `ARGV[1]` = a fresh
 /// random id, `ARGV[2]` = the node's database. Creates the record (`<id>@<server ms>`) when the
 /// server has none — a new server, or one that lost its data — and returns
@@ -121,7 +134,7 @@ return {v, now, server}
 /// in exponent form and lose precision; values stay far below 2^53.
 pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
     let source = format!(
-        "{IDENTITY_CHECK}{STRETCH}{}",
+        "{GRANT_CLOCK}{IDENTITY_CHECK}{STRETCH}{}",
         r"
 local token, ttl = ARGV[1], ARGV[2]
 local kept = false
@@ -150,8 +163,10 @@ if stamp <= last then
   stamp = last + 1
   redis.call('SET', KEYS[2], string.format('%.0f', stamp))
 end
-if kept then return -10 - stamp end
-return stamp
+local answer = stamp
+if kept then answer = -10 - stamp end
+if at then return {answer, at} end
+return answer
 "
     );
     LuaScript::new(source.leak())
@@ -162,12 +177,11 @@ return stamp
 /// held our token already, see [`KEPT`]), 0 on a refusal, −2 when the identity record changed. Used for multi-resource locks, re-acquisition
 /// with a known token, the restart quarantine and racing attempts that ask a first node (whose
 /// ranking follows the identity records); a single fresh resource otherwise uses plain
-/// `SET NX PX`. With a fourth argument (any value) a grant answers the node's clock (`TIME`,
-/// µs) instead of 1: an attempt with the caller's token bounds its cleanup by it (see
-/// [`RELEASE_BEFORE`]).
+/// `SET NX PX`. With a fourth argument, a grant also answers the node's clock (see
+/// [`GRANT_CLOCK`]).
 pub(crate) static ACQUIRE_UNSTAMPED: LazyLock<LuaScript> = LazyLock::new(|| {
     let source = format!(
-        "{IDENTITY_CHECK}{STRETCH}{}",
+        "{GRANT_CLOCK}{IDENTITY_CHECK}{STRETCH}{}",
         r"
 local token = ARGV[1]
 for i = 2, #KEYS do
@@ -181,13 +195,10 @@ for i = 2, #KEYS do
     kept = true
   end
 end
-local value = 1
-if ARGV[4] then
-  local t = redis.call('TIME')
-  value = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-if kept then return -10 - value end
-return value
+local answer = 1
+if kept then answer = -11 end
+if at then return {answer, at} end
+return answer
 "
     );
     LuaScript::new(source.leak())
@@ -308,9 +319,9 @@ pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
 /// written later than that — its connection's runtime stopped running (a current-thread
 /// runtime driven only inside `block_on`), or the network held it — deleted the keys the
 /// re-claim had kept, and a rival took the lock (test `reclaim_attacks::a_cleanup_queued_in_
-/// an_idle_runtime_is_not_written_after_the_reclaim`). So the cleanup expires on the node, a
-/// little before the grace ends counted from the grant it undoes (the grant answered the
-/// node's clock: its stamp, or `TIME` without stamps).
+/// an_idle_runtime_is_not_written_after_the_reclaim`). So the cleanup expires on the node
+/// before that grace ends, counted from the node's clock read before the grant it undoes
+/// ([`GRANT_CLOCK`]; see `engine::cleanup_deadline`).
 pub(crate) static RELEASE_BEFORE: LazyLock<LuaScript> = LazyLock::new(|| {
     let source = format!(
         "{}{RELEASE_BODY}",
@@ -332,9 +343,9 @@ local o = 1"
 /// order. `ARGV[1]` = the identity record the connection expects; then per request: its kind,
 /// its number of keys, its token, and
 /// - `S` (a fresh token on one key, no stamp: plain `SET NX PX`), `A` (stamped acquire,
-///   as [`ACQUIRE`]), `U` (unstamped acquire, as [`ACQUIRE_UNSTAMPED`]), `V` (the same, its
-///   grant answering the node's clock in µs instead of 1), `E` (extend, as [`EXTEND`]): its
-///   TTL in ms;
+///   as [`ACQUIRE`]), `U` (unstamped acquire, as [`ACQUIRE_UNSTAMPED`]), `B` and `V` (the
+///   same as `A` and `U`, answering the node's clock as well, see [`GRANT_CLOCK`]), `E`
+///   (extend, as [`EXTEND`]): its TTL in ms;
 /// - `R` (release, as [`RELEASE`]): the number of wake-up channels (0 or its number of keys),
 ///   the wake-up id, then the channels; `T` (release with a deadline, as [`RELEASE_BEFORE`]):
 ///   the same with the deadline (µs) after the wake-up id.
@@ -342,8 +353,9 @@ local o = 1"
 /// Answers, in one flat array, per request: what its own script answers (the stamp for `A`,
 /// `−(10 + value)` for a grant that kept a key holding its token already (see [`KEPT`]), −2
 /// for an acquire when the identity record changed) — for `R` and `T` two entries, `removed` then
-/// `heard`, written once the release has run — or, for a request that raised an error, one
-/// string starting with `E` instead.
+/// `heard`, written once the release has run; for `B` and `V` two entries, the answer then the
+/// clock read before the grant — or, for a request that raised an error, one string starting
+/// with `E` instead.
 /// Stamps issued in one batch are strictly increasing, continuing from the node's last stamp.
 ///
 /// Written for the server's CPU, which is what limits throughput when several nodes share a
@@ -405,13 +417,15 @@ local function run(kind, k, n, a)
   if kind == 'S' then
     if redis.call('SET', KEYS[k], token, 'NX', 'PX', ARGV[a + 3]) then return 1 end
     return 0
-  elseif kind == 'A' or kind == 'U' or kind == 'V' then
+  elseif kind == 'A' or kind == 'U' or kind == 'B' or kind == 'V' then
+    local stamped = kind == 'A' or kind == 'B'
+    if kind == 'B' or kind == 'V' then clock() end
     if same == nil then same = redis.call('GET', KEYS[1]) == ARGV[1] end
     if not same then return -2 end
     local got = acquire(k, n, token, ARGV[a + 3])
     if got == 0 then return 0 end
     local value = 1
-    if kind == 'A' then value = next_stamp() elseif kind == 'V' then value = clock() end
+    if stamped then value = next_stamp() end
     if got == 2 then return -10 - value end
     return value
   elseif kind == 'E' then
@@ -457,6 +471,10 @@ while a <= last do
   end
   m = m + 1
   out[m] = r
+  if ok and (kind == 'B' or kind == 'V') then
+    m = m + 1
+    out[m] = clock()
+  end
   k = k + n
   if kind == 'R' then
     a = a + 5 + count(ARGV[a + 3])

@@ -25,12 +25,7 @@ fn client(urls: Vec<String>, node_timeout: Duration) -> Redlock {
 /// proxies and a client Y at the servers' own addresses (1 s node timeouts), and a rival at
 /// the servers' own addresses; all connected.
 async fn two_paths(delay: Duration) -> (Cluster, Redlock, Redlock, Redlock) {
-    let cluster = Cluster::builder()
-        .nodes(3)
-        .proxied(true)
-        .start()
-        .await
-        .unwrap();
+    let cluster = common::proxied(3).await;
     let direct = common::direct_urls(&cluster);
     let x = client(cluster.urls(), Duration::from_secs(1));
     let y = client(direct.clone(), Duration::from_secs(1));
@@ -425,13 +420,32 @@ async fn a_waiter_polled_late_does_not_go_ahead_of_an_attempt_that_started_in_ti
 /// Y kept: `[-2, -2, -2]` and a rival took the lock, in every run (3 of 3 in review, and here
 /// with and without stamps). A wait in the client cannot bound a runtime that does not run, so
 /// the delete carries its own deadline on the node's clock, counted from the grant it undoes.
-fn cleanup_queued_in_an_idle_runtime(stamps: bool) {
+///
+/// With `stamp_ahead`, each node's claim stamp is that far ahead of its clock beforehand (a
+/// clock stepped back since it issued stamps, or a stamp key restored from a server whose clock
+/// ran ahead): stamps go on from there, so a stamp is not the node's clock. Counted from the
+/// stamp, the deadline fell that much later, and with 300 ms or more two holders came back
+/// (found in review: `[-2, -2, -2]`, a rival took the lock).
+fn cleanup_queued_in_an_idle_runtime(stamps: bool, stamp_ahead: Duration) {
     let main = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
     let (cluster, _, y, rival) = main.block_on(two_paths(Duration::ZERO));
+    if !stamp_ahead.is_zero() {
+        main.block_on(async {
+            for i in 0..3 {
+                let mut c = cluster.node(i).connection().await.unwrap();
+                let (secs, micros): (u64, u64) = redlock_testkit::redis::cmd("TIME")
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+                let ahead = secs * 1_000_000 + micros + stamp_ahead.as_secs() * 1_000_000;
+                common::set(&cluster, i, "redlock:stamp", &ahead.to_string()).await;
+            }
+        });
+    }
     let token = Token::random().unwrap();
     let x_runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -486,10 +500,63 @@ fn cleanup_queued_in_an_idle_runtime(stamps: bool) {
 
 #[test]
 fn a_cleanup_queued_in_an_idle_runtime_is_not_written_after_the_reclaim() {
-    cleanup_queued_in_an_idle_runtime(true);
+    cleanup_queued_in_an_idle_runtime(true, Duration::ZERO);
 }
 
 #[test]
 fn a_cleanup_queued_in_an_idle_runtime_is_not_written_after_the_reclaim_without_stamps() {
-    cleanup_queued_in_an_idle_runtime(false);
+    cleanup_queued_in_an_idle_runtime(false, Duration::ZERO);
+}
+
+#[test]
+fn a_cleanup_queued_in_an_idle_runtime_is_not_written_after_the_reclaim_with_stamps_ahead() {
+    cleanup_queued_in_an_idle_runtime(true, Duration::from_secs(5));
+}
+
+/// Node 0 answers within its 1 s budget, 460 ms each way; nodes 1 and 2 hold another owner's
+/// keys, so the re-claim fails and cleans up node 0, where it created the key. With the
+/// cleanup's deadline a fixed 0.9 s after the grant, it reached node 0 about 0.92 s after the
+/// grant and deleted nothing: the key stayed for its TTL (found in review: PTTL `[7957, …]`,
+/// 2 of 2 runs with and without stamps), where the build before deleted it. The next attempt
+/// with the token waits until 1 s after the last node deadline, so the deadline can be counted
+/// from there.
+async fn slow_node_cleanup(stamps: bool) {
+    let cluster = common::proxied(3).await;
+    let resource = "slow-node";
+    let key = format!("redlock:lock:{resource}");
+    common::set_px(&cluster, 1, &key, "someone", 60_000).await;
+    common::set_px(&cluster, 2, &key, "someone", 60_000).await;
+    let x = Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(10))
+        .node_timeout(Duration::from_secs(1))
+        .claim_stamps(stamps)
+        .build()
+        .unwrap();
+    let _ = x.connect().await;
+    let link = cluster.node(0).proxy().unwrap();
+    link.set_delay(Duration::from_millis(460), Duration::ZERO);
+    let token = Token::random().unwrap();
+    let attempt = x.try_acquire_with_token([resource], &token).await;
+    println!("the re-claim: {:?}", common::shown(&attempt));
+    assert!(attempt.is_err(), "nodes 1 and 2 are held by another owner");
+    // Refused at once by nodes 1 and 2; node 0's grant lands about 0.46 s in, its answer is
+    // read at about 0.92 s and the cleanup lands at about 1.38 s.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let pttls = common::pttls(&cluster, &key).await;
+    println!("PTTL {pttls:?}");
+    assert_eq!(
+        pttls[0], -2,
+        "the failed re-claim's key on node 0 stays for its TTL: PTTL {pttls:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_reclaims_cleanup_reaches_a_slow_node_in_time() {
+    slow_node_cleanup(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_reclaims_cleanup_reaches_a_slow_node_in_time_without_stamps() {
+    slow_node_cleanup(false).await;
 }

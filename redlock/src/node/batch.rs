@@ -436,14 +436,14 @@ impl RedisNode {
                     ttl_ms,
                     ..
                 } => {
-                    let kind = if *stamped {
-                        "A"
-                    } else if op.timed() {
-                        "V"
-                    } else if self.plain_set_nx(false, keys.len(), op.scripted()) {
-                        "S"
-                    } else {
-                        "U"
+                    let kind = match (*stamped, op.timed()) {
+                        (true, false) => "A",
+                        (true, true) => "B",
+                        (false, true) => "V",
+                        (false, false) if self.plain_set_nx(false, keys.len(), op.scripted()) => {
+                            "S"
+                        }
+                        (false, false) => "U",
                     };
                     cmd.arg(kind)
                         .arg(keys.len())
@@ -512,7 +512,14 @@ impl RedisNode {
         for op in ops {
             let answer = match entries.next() {
                 Some(redis::Value::Int(n)) => match **op {
-                    Op::Acquire { stamped, .. } => self.acquired(live, stamped, op.timed(), n),
+                    // `B` and `V` answer the node's clock after the answer.
+                    Op::Acquire { stamped, .. } if op.timed() => match entries.next() {
+                        Some(redis::Value::Int(at)) => {
+                            self.acquired(live, stamped, u64::try_from(at).ok(), n)
+                        }
+                        _ => break,
+                    },
+                    Op::Acquire { stamped, .. } => self.acquired(live, stamped, None, n),
                     Op::Release { .. } => match entries.next() {
                         Some(redis::Value::Int(heard)) => {
                             Ok(Reply::released(n, u32::try_from(heard).ok()))

@@ -803,13 +803,9 @@ impl RedisNode {
             return self.set_nx(&live, key, t, ttl_ms).await;
         }
         let ttl = ttl_ms.to_string();
-        // Without stamps, a fourth argument asks the grant for the node's clock.
+        // A fourth argument asks a grant for the node's clock (`scripts::GRANT_CLOCK`).
         let args = [t, ttl.as_str(), &*live.record, "t"];
-        let args = if timed && !stamped {
-            &args[..]
-        } else {
-            &args[..3]
-        };
+        let args = if timed { &args[..] } else { &args[..3] };
         let (script, mut all) = if stamped {
             (
                 &*scripts::ACQUIRE,
@@ -820,7 +816,7 @@ impl RedisNode {
         };
         all.extend(keys.iter().map(String::as_str));
         let mut conn = live.conn.clone();
-        let answer: i64 = match evalsha(script, &all, args).query_async(&mut conn).await {
+        let answer: redis::Value = match evalsha(script, &all, args).query_async(&mut conn).await {
             Ok(answer) => answer,
             Err(e) if e.code() == Some("NOSCRIPT") => {
                 // Not executed. No late EVAL: it would run after anything sent meanwhile —
@@ -834,17 +830,26 @@ impl RedisNode {
             }
             Err(e) => return Err(self.failed(&live, &e, t)),
         };
-        self.acquired(&live, stamped, timed, answer)
+        // A grant asked for the clock answers `{value, clock}`; anything else one integer.
+        let (answer, at_us) = match answer {
+            redis::Value::Int(n) => (n, None),
+            redis::Value::Array(pair) => match pair.as_slice() {
+                [redis::Value::Int(n), redis::Value::Int(at)] => (*n, u64::try_from(*at).ok()),
+                _ => return Err(unexpected_acquire_answer()),
+            },
+            _ => return Err(unexpected_acquire_answer()),
+        };
+        self.acquired(&live, stamped, at_us, answer)
     }
 
     /// What an acquire script's answer means: a grant (with its claim when stamped, and the
-    /// node's clock when `timed`), a refusal, or a changed identity record, after which the
-    /// connection is dropped.
+    /// node's clock `at_us` if it answered one), a refusal, or a changed identity record, after
+    /// which the connection is dropped.
     fn acquired(
         &self,
         live: &Live,
         stamped: bool,
-        timed: bool,
+        at_us: Option<u64>,
         answer: i64,
     ) -> Result<Reply, NodeError> {
         match answer {
@@ -855,7 +860,7 @@ impl RedisNode {
                     "the server's identity record changed since the connection was opened (data loss or another server); nothing granted, reconnecting",
                 ))
             }
-            n => Ok(Reply::acquired(n, stamped, timed, &live.id)),
+            n => Ok(Reply::acquired(n, stamped, at_us, &live.id)),
         }
     }
 
@@ -1201,6 +1206,14 @@ fn quarantine_check(live: &Live) -> Result<(), NodeError> {
     Ok(())
 }
 
+/// An acquire script's answer of a shape none of them gives.
+fn unexpected_acquire_answer() -> NodeError {
+    NodeError::new(
+        NodeErrorKind::Server,
+        "unexpected answer from the acquire script",
+    )
+}
+
 fn evalsha(script: &LuaScript, keys: &[&str], args: &[&str]) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(&script.sha).arg(keys.len()).arg(keys).arg(args);
@@ -1407,7 +1420,8 @@ mod tests {
 
     /// A release with a deadline on the node's clock deletes until then and nothing after, on
     /// its own (`RELEASE_BEFORE`) and in a batch (`T`); an acquire that re-arms a token answers
-    /// the node's clock without stamps, on its own and in a batch (`V`).
+    /// the node's clock, with stamps and without, on its own and in a batch (`B`, `V`) — the
+    /// clock, not the stamp, which here is an hour ahead of it.
     #[tokio::test(flavor = "current_thread")]
     async fn a_release_with_a_deadline_deletes_only_until_it() {
         let cluster = Cluster::start(1).await.unwrap();
@@ -1415,6 +1429,13 @@ mod tests {
         let mut probe = cluster.node(0).connection().await.unwrap();
         let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut probe).await.unwrap();
         let now = secs * 1_000_000 + micros;
+        let ahead = (now + 3_600_000_000).to_string();
+        let () = redis::cmd("SET")
+            .arg("redlock:stamp")
+            .arg(&ahead)
+            .query_async(&mut probe)
+            .await
+            .unwrap();
         let token = Token::random().unwrap();
         for key in ["live-alone", "late-alone", "live-batch", "late-batch"] {
             let () = redis::cmd("SET")
@@ -1433,9 +1454,9 @@ mod tests {
                 before_us: Some(before_us),
             })
         };
-        let acquire = |key: &str, rearm: bool| {
+        let acquire = |key: &str, rearm: bool, stamped: bool| {
             Arc::new(Op::Acquire {
-                stamped: false,
+                stamped,
                 keys: vec![format!("redlock:lock:{key}")].into(),
                 token: Token::random().unwrap(),
                 ttl_ms: 10_000,
@@ -1445,7 +1466,15 @@ mod tests {
             })
         };
         let clock = |reply: Result<Reply, NodeError>| match reply {
-            Ok(Reply::Yes { at_us, .. }) => at_us,
+            Ok(Reply::Yes { at_us, claim, .. }) => {
+                if let Some(claim) = claim {
+                    assert!(
+                        claim.stamp_us > now + 3_000_000_000,
+                        "stamps go on from the last"
+                    );
+                }
+                at_us
+            }
             other => panic!("not granted: {other:?}"),
         };
         let (late, soon) = (now - 1_000_000, now + 60_000_000);
@@ -1453,17 +1482,21 @@ mod tests {
             node.run(release("live-alone", soon), None).await,
             node.run(release("late-alone", late), None).await,
         ];
-        let timed_alone = clock(node.run(acquire("timed-alone", true), None).await);
+        let mut clocks = Vec::new();
+        for (key, stamped) in [("timed-alone", false), ("stamped-alone", true)] {
+            clocks.push(clock(node.run(acquire(key, true, stamped), None).await));
+        }
         // Two plain `SET NX` acquires take both places; what comes meanwhile waits and goes
         // as one call of the batch script.
         let scripts_before = cluster.node(0).command_calls("evalsha").await;
         let fill: Vec<_> = (0..2)
-            .map(|i| node.run(acquire(&format!("fill-{i}"), false), None))
+            .map(|i| node.run(acquire(&format!("fill-{i}"), false, false), None))
             .collect();
         let queued: Vec<_> = [
             release("live-batch", soon),
             release("late-batch", late),
-            acquire("timed-batch", true),
+            acquire("timed-batch", true, false),
+            acquire("stamped-batch", true, true),
         ]
         .into_iter()
         .map(|op| node.run(op, None))
@@ -1474,8 +1507,9 @@ mod tests {
         )
         .await;
         let scripts = cluster.node(0).command_calls("evalsha").await - scripts_before;
-        assert_eq!(scripts, 1, "the three requests went as one script call");
-        let timed_batch = clock(batch.pop().unwrap());
+        assert_eq!(scripts, 1, "the four requests went as one script call");
+        clocks.push(clock(batch.pop().unwrap()));
+        clocks.push(clock(batch.pop().unwrap()));
         let mut left = Vec::new();
         for key in ["live-alone", "late-alone", "live-batch", "late-batch"] {
             let value: Option<String> = redis::cmd("GET")
@@ -1485,7 +1519,7 @@ mod tests {
                 .unwrap();
             left.push(value.is_some());
         }
-        println!("{alone:?} {batch:?}; keys left {left:?}; clocks {timed_alone:?} {timed_batch:?}");
+        println!("{alone:?} {batch:?}; keys left {left:?}; clocks {clocks:?}");
         assert_eq!(
             left,
             [false, true, false, true],
@@ -1493,7 +1527,7 @@ mod tests {
         );
         assert!(matches!(alone[0], Ok(Reply::Yes { .. })) && alone[1] == Ok(Reply::No));
         assert!(matches!(batch[0], Ok(Reply::Yes { .. })) && batch[1] == Ok(Reply::No));
-        for at in [timed_alone, timed_batch] {
+        for at in clocks {
             assert!(
                 at.is_some_and(|at| now <= at && at < soon),
                 "the grant answers the node's clock: {at:?}, read {now} before"

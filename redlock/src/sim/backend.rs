@@ -323,10 +323,11 @@ impl SimNode {
             keys: Arc::clone(keys),
             token: token.clone(),
             ttl_ms,
-            timed: timed && !stamped,
+            timed,
         };
-        let answer = match self.send(&live, Req::Script { sha: true, call }).await? {
-            Resp::Int(n) => n,
+        let (answer, at_us) = match self.send(&live, Req::Script { sha: true, call }).await? {
+            Resp::Int(n) => (n, None),
+            Resp::Ints(pair) if pair.len() == 2 => (pair[0], u64::try_from(pair[1]).ok()),
             Resp::NoScript => {
                 self.reload_scripts(&live);
                 return Err(NodeError::new(
@@ -344,7 +345,7 @@ impl SimNode {
                     "the server's identity record changed since the connection was opened (data loss or another server); nothing granted, reconnecting",
                 ))
             }
-            n => Ok(Reply::acquired(n, stamped, timed, &live.id)),
+            n => Ok(Reply::acquired(n, stamped, at_us, &live.id)),
         }
     }
 

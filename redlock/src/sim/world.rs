@@ -65,7 +65,7 @@ pub(crate) enum Call {
         keys: Arc<[String]>,
         token: Token,
         ttl_ms: u64,
-        /// Without a stamp, a grant answers the node's clock instead of 1.
+        /// A grant answers the node's clock beside its value.
         timed: bool,
     },
     Extend {
@@ -478,8 +478,17 @@ impl Node {
                         self.set(k, t, expires);
                     }
                 }
+                // A grant asked for the clock answers it beside its value
+                // (`scripts::GRANT_CLOCK`).
+                let reply = |value: i64| {
+                    if timed {
+                        Resp::Ints(vec![answer(value), us])
+                    } else {
+                        Resp::Int(answer(value))
+                    }
+                };
                 let Some(stamp) = stamp else {
-                    return Resp::Int(answer(if timed { us } else { 1 }));
+                    return reply(1);
                 };
                 let last = self
                     .get(ms, &stamp)
@@ -487,7 +496,7 @@ impl Node {
                     .unwrap_or(0);
                 let issued = if us > last { us } else { last + 1 };
                 self.set(&stamp, &issued.to_string(), None);
-                Resp::Int(answer(issued))
+                reply(issued)
             }
             Call::Extend {
                 keys,

@@ -60,6 +60,16 @@ pub async fn info(cluster: &Cluster, i: usize, section: &str) -> String {
         .expect("INFO")
 }
 
+/// A cluster of `n` nodes, each behind a fault proxy (`cluster.urls()` go through them).
+pub async fn proxied(n: usize) -> Cluster {
+    Cluster::builder()
+        .nodes(n)
+        .proxied(true)
+        .start()
+        .await
+        .expect("a proxied cluster")
+}
+
 /// The value of `key` on node `i`, read directly (not through a proxy).
 pub async fn get(cluster: &Cluster, i: usize, key: &str) -> Option<String> {
     let mut c = cluster
