@@ -314,23 +314,31 @@ async fn reclaims_with_many_tokens_stay_fast_while_a_node_hangs() {
 /// ("created") and sent their cleanup: [-2, -2, -2], and a rival took the lock while the
 /// second re-claim's lock said valid (found in review). An attempt with the caller's token
 /// sends no cleanup after its last node deadline.
+///
+/// The links take 30 ms each way, so that no answer can come back while the first poll runs:
+/// on a busy machine (a CI run, Valkey, the test binaries side by side) the answers of nodes
+/// on loopback came back before the first poll ended, and it finished the attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reclaim_polled_again_after_its_deadlines_deletes_nothing() {
     use futures_util::FutureExt;
-    let cluster = Cluster::start(3).await.unwrap();
-    let a = client(cluster.urls(), Duration::from_millis(50));
-    let b = client(cluster.urls(), Duration::from_millis(50));
-    let rival = client(cluster.urls(), Duration::from_millis(50));
-    let _ = a.connect().await;
-    let _ = b.connect().await;
-    let _ = rival.connect().await;
+    let cluster = common::proxied(3).await;
+    let a = client(cluster.urls(), Duration::from_millis(200));
+    let b = client(cluster.urls(), Duration::from_millis(200));
+    let rival = client(cluster.urls(), Duration::from_millis(200));
+    for rl in [&a, &b, &rival] {
+        let _ = rl.connect().await;
+    }
+    for i in 0..3 {
+        let link = cluster.node(i).proxy().unwrap();
+        link.set_delay(Duration::from_millis(30), Duration::ZERO);
+    }
     let token = Token::random().unwrap();
     let mut kept = Box::pin(a.try_acquire_with_token(["late-drop"], &token));
     assert!(
         (&mut kept).now_or_never().is_none(),
         "the first poll sends and waits"
     );
-    // Past the kept attempt's node deadlines and a cleanup's grace (1 s).
+    // Past the kept attempt's node deadlines (200 ms) and a cleanup's grace (1 s).
     tokio::time::sleep(Duration::from_millis(1_600)).await;
     let lock = b
         .try_acquire_with_token(["late-drop"], &token)
