@@ -294,9 +294,15 @@ struct State {
     /// somebody waits for one (see [`Unanswered`]).
     recorded: Option<Arc<Notify>>,
     /// The last node deadline: an attempt with the caller's token sends no cleanup after it
-    /// (see `take_cleanup`), and everything the phase sent has answered or been given up on a
-    /// cleanup's [`DELIVERY_GRACE`] later (see [`Unanswered::settles_by`]).
+    /// (see `take_cleanup`).
     last_deadline: Instant,
+    /// By when everything the phase sent has answered or been given up on, and the next
+    /// attempt with its token goes ahead whatever is still out (see
+    /// [`Unanswered::settles_by`]): a cleanup's [`DELIVERY_GRACE`] after the last node
+    /// deadline, and one longest node budget more, by which a cleanup of a grant that came
+    /// near the end of a long budget still reaches its node before its deadline there (see
+    /// [`cleanup_deadline`]).
+    settles_by: Instant,
     /// The driver is gone (finished, or dropped with its runtime): an answer still out will
     /// not be read, and leads to no cleanup.
     unfollowed: bool,
@@ -343,6 +349,7 @@ impl State {
             kept: false,
             recorded: None,
             last_deadline: Instant::now(),
+            settles_by: Instant::now(),
             unfollowed: false,
             own_token,
             reach,
@@ -369,7 +376,7 @@ impl State {
         slot.kept = kept;
         slot.before_us = at_us
             .filter(|_| self.own_token)
-            .map(|at| cleanup_deadline(at, self.last_deadline, Instant::now()));
+            .map(|at| cleanup_deadline(at, self.settles_by, Instant::now()));
         slot.outcome = outcome;
         if !self.decided
             && let Some(success) = verdict(self.positive, self.pending, self.needed)
@@ -583,7 +590,11 @@ impl<B: Backend> Phase<B> {
         }
         let last_deadline = calls.iter().map(|c| c.deadline).max().unwrap_or(now);
         let give_up = last_deadline + DELIVERY_GRACE;
-        lock(&state).last_deadline = last_deadline;
+        {
+            let mut st = lock(&state);
+            st.last_deadline = last_deadline;
+            st.settles_by = last_deadline + DELIVERY_GRACE + (last_deadline - now);
+        }
         let earliest = calls.iter().map(|c| c.deadline).min().unwrap_or(give_up);
         let driver = Driver {
             backend: Arc::clone(backend),
@@ -728,7 +739,7 @@ impl Unanswered {
     /// By when the phase's requests and cleanups have all answered or been given up on, if it
     /// was given up or kept by then.
     pub(crate) fn settles_by(&self) -> Instant {
-        lock(&self.0).last_deadline + DELIVERY_GRACE
+        lock(&self.0).settles_by
     }
 
     /// Whether some node's answer, or a cleanup it led to, is still out.
@@ -844,15 +855,17 @@ const NODE_CLOCK_RATE: f64 = 0.9;
 /// The last moment on a node's clock (µs) at which the cleanup of a grant of an attempt with
 /// the caller's token may still delete there (`scripts::RELEASE_BEFORE`): `at_us` is the node's
 /// clock read before the grant, `read` when its answer was read. The next attempt with the
-/// token in this process is sent once that cleanup answered, or else [`DELIVERY_GRACE`] after
-/// the attempt's `last_deadline`, so at least that long after `read`, and after the grant; the
-/// node's clock counts at least [`NODE_CLOCK_RATE`] of it unless it is stepped back. A cleanup
-/// written after the re-claim (its runtime stopped running) then deletes nothing. Counted from
-/// the grant, a fixed 0.9 s was too short for a node whose answer took most of a 1 s budget:
-/// its cleanup came 0.92 s after the grant, and the failed re-claim's key stayed for its TTL
-/// (test `reclaim_attacks::a_failed_reclaims_cleanup_reaches_a_slow_node_in_time`).
-fn cleanup_deadline(at_us: u64, last_deadline: Instant, read: Instant) -> u64 {
-    let waited = (last_deadline + DELIVERY_GRACE).saturating_duration_since(read);
+/// token in this process is sent once that cleanup answered, or else at the attempt's
+/// `settles_by`, so at least that long after `read`, and after the grant; the node's clock
+/// counts at least [`NODE_CLOCK_RATE`] of it unless it is stepped back. A cleanup written after
+/// the re-claim (its runtime stopped running) then deletes nothing. Counted from the grant, a
+/// fixed 0.9 s was too short for a node whose answer took most of a 1 s budget: its cleanup
+/// came 0.92 s after the grant, and the failed re-claim's key stayed for its TTL (test
+/// `reclaim_attacks::a_failed_reclaims_cleanup_reaches_a_slow_node_in_time`); counted to the
+/// last deadline plus the grace alone, it was too short for a node 480 ms away with a 1 s
+/// budget, and 1.2 s away with a 3 s one (found in review).
+fn cleanup_deadline(at_us: u64, settles_by: Instant, read: Instant) -> u64 {
+    let waited = settles_by.saturating_duration_since(read);
     let window = waited
         .mul_f64(NODE_CLOCK_RATE)
         .saturating_sub(Duration::from_millis(1));
@@ -1114,10 +1127,17 @@ fn send_cleanup<B: Backend>(
     // A task dropped unfinished (its runtime shut down) leaves the cleanup counted as under way
     // until the phase's `settles_by`: it may have been written and still be on its way, and a
     // re-claim sent as if it were done went ahead of it and lost its keys to it (test
-    // `reclaim_attacks::a_cleanup_on_its_way_when_its_runtime_is_dropped_is_waited_for`).
+    // `reclaim_attacks::a_cleanup_on_its_way_when_its_runtime_is_dropped_is_waited_for`). So
+    // does a cleanup that has not answered within its grace, for the same reason: counted as
+    // done then, a re-claim went ahead up to a second before `settles_by`, ahead of a cleanup
+    // that was still on its way and whose deadline on the node counts to `settles_by`, and lost
+    // its keys to it (test `reclaim_attacks::a_cleanup_held_in_the_network_does_not_delete_the_
+    // reclaimed_lock`).
     rt.spawn(async move {
         let result = tokio::time::timeout(DELIVERY_GRACE, call).await;
-        done();
+        if result.is_ok() {
+            done();
+        }
         telemetry::cleanup(&node, phase, &result);
     });
 }

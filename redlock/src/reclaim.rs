@@ -15,11 +15,13 @@
 //!   waited for: a cleanup deletes only its own attempt's keys.
 //! * Until the cleanups answered, not until they were handed to a connection: a request that
 //!   takes another way to the server (another connection, a proxy) can overtake them.
-//! * Each wait lasts at most as long as the earlier attempt can still act: its node deadlines
-//!   plus a cleanup's grace (`engine::DELIVERY_GRACE`). A cleanup still under way after its
-//!   grace is not waited for: it can no longer delete anything by then, since it carries a
-//!   deadline on the node's clock that ends before it (`engine::cleanup_deadline`).
-//!   (Such an attempt is the call's only one: no retry deadline applies.)
+//! * Each wait lasts at most as long as the earlier attempt can still act: its last node
+//!   deadline plus a cleanup's grace (`engine::DELIVERY_GRACE`) plus its longest node budget
+//!   (`engine::Unanswered::settles_by`). A cleanup still unanswered then is not waited for: it
+//!   can no longer delete anything by then, since it carries a deadline on the node's clock
+//!   that ends before it (`engine::cleanup_deadline`). A cleanup that did not answer within its
+//!   grace is waited for until then too. (Such an attempt is the call's only one: no retry
+//!   deadline applies.)
 //! * An attempt takes its place before it waits, so two started together wait for each other
 //!   (the second for the first): attempts with one token on one key take turns.
 

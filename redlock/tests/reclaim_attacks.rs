@@ -521,14 +521,16 @@ fn a_cleanup_queued_in_an_idle_runtime_is_not_written_after_the_reclaim_with_sta
     cleanup_queued_in_an_idle_runtime(true, Duration::from_secs(5));
 }
 
-/// Node 0 answers within its 1 s budget, 460 ms each way; nodes 1 and 2 hold another owner's
-/// keys, so the re-claim fails and cleans up node 0, where it created the key. With the
+/// Node 0 answers within its node timeout, `delay` away each way; nodes 1 and 2 hold another
+/// owner's keys, so the re-claim fails and cleans up node 0, where it created the key. With the
 /// cleanup's deadline a fixed 0.9 s after the grant, it reached node 0 about 0.92 s after the
-/// grant and deleted nothing: the key stayed for its TTL (found in review: PTTL `[7957, …]`,
-/// 2 of 2 runs with and without stamps), where the build before deleted it. The next attempt
-/// with the token waits until 1 s after the last node deadline, so the deadline can be counted
-/// from there.
-async fn slow_node_cleanup(stamps: bool) {
+/// grant (460 ms away, 1 s budget) and deleted nothing: the key stayed for its TTL (found in
+/// review: PTTL `[7957, …]`, 2 of 2 runs with and without stamps), where the build before
+/// deleted it. Counted to the last node deadline plus the grace, the same happened 480 ms away
+/// with a 1 s budget and 1.2 s away with a 3 s one (found in the next review); the next
+/// attempt with the token now also waits one longest budget more, and the deadline counts to
+/// then.
+async fn slow_node_cleanup(stamps: bool, delay: Duration, node_timeout: Duration) {
     let cluster = common::proxied(3).await;
     let resource = "slow-node";
     let key = format!("redlock:lock:{resource}");
@@ -536,23 +538,23 @@ async fn slow_node_cleanup(stamps: bool) {
     common::set_px(&cluster, 2, &key, "someone", 60_000).await;
     let x = Redlock::builder()
         .nodes(cluster.urls())
-        .ttl(Duration::from_secs(10))
-        .node_timeout(Duration::from_secs(1))
+        .ttl(Duration::from_secs(20))
+        .node_timeout(node_timeout)
         .claim_stamps(stamps)
         .build()
         .unwrap();
     let _ = x.connect().await;
     let link = cluster.node(0).proxy().unwrap();
-    link.set_delay(Duration::from_millis(460), Duration::ZERO);
+    link.set_delay(delay, Duration::ZERO);
     let token = Token::random().unwrap();
     let attempt = x.try_acquire_with_token([resource], &token).await;
     println!("the re-claim: {:?}", common::shown(&attempt));
     assert!(attempt.is_err(), "nodes 1 and 2 are held by another owner");
-    // Refused at once by nodes 1 and 2; node 0's grant lands about 0.46 s in, its answer is
-    // read at about 0.92 s and the cleanup lands at about 1.38 s.
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    // Refused at once by nodes 1 and 2; node 0's grant lands one delay in, its answer is read
+    // after two, and the cleanup lands after three.
+    tokio::time::sleep(delay * 3 + Duration::from_millis(1_000)).await;
     let pttls = common::pttls(&cluster, &key).await;
-    println!("PTTL {pttls:?}");
+    println!("{delay:?} away, node timeout {node_timeout:?}: PTTL {pttls:?}");
     assert_eq!(
         pttls[0], -2,
         "the failed re-claim's key on node 0 stays for its TTL: PTTL {pttls:?}"
@@ -561,10 +563,80 @@ async fn slow_node_cleanup(stamps: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_reclaims_cleanup_reaches_a_slow_node_in_time() {
-    slow_node_cleanup(true).await;
+    let second = Duration::from_secs(1);
+    slow_node_cleanup(true, Duration::from_millis(460), second).await;
+    slow_node_cleanup(true, Duration::from_millis(480), second).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_reclaims_cleanup_reaches_a_slow_node_in_time_without_stamps() {
-    slow_node_cleanup(false).await;
+    let second = Duration::from_secs(1);
+    slow_node_cleanup(false, Duration::from_millis(460), second).await;
+    slow_node_cleanup(false, Duration::from_millis(480), second).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_reclaims_cleanup_reaches_a_slow_node_with_a_long_budget_in_time() {
+    slow_node_cleanup(true, Duration::from_millis(1_200), Duration::from_secs(3)).await;
+}
+
+/// X's re-claim fails (validity) with its links slowed to 1.3 s each way right after its
+/// requests went out, so its cleanup lands about 1.5 s in and answers long after its 1 s
+/// grace. Counted as done when that grace ran out (at about 1.2 s), it let Y's re-claim go
+/// ahead at once; the cleanup, whose deadline on the node counts to 1 s after the last node
+/// deadline, then deleted Y's keys: `[-2, -2, -2]` and a rival took the lock while Y's lock
+/// said valid for 8.3 s (found in review; the build before the expiring cleanup failed alike).
+/// A cleanup that has not answered is waited for until the attempt's `settles_by`.
+async fn cleanup_held_in_the_network(stamps: bool) {
+    let cluster = common::proxied(3).await;
+    let direct = common::direct_urls(&cluster);
+    let x = Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(2))
+        .min_validity(Duration::from_millis(1_900))
+        .node_timeout(Duration::from_secs(1))
+        .claim_stamps(stamps)
+        .build()
+        .unwrap();
+    let y = client(direct.clone(), Duration::from_secs(1));
+    let rival = client(direct, Duration::from_millis(50));
+    for rl in [&x, &y, &rival] {
+        let _ = rl.connect().await;
+    }
+    let links: Vec<_> = (0..3).map(|i| cluster.node(i).proxy().unwrap()).collect();
+    for link in &links {
+        link.set_delay(Duration::from_millis(100), Duration::ZERO);
+    }
+    let (resource, token) = ("held-cleanup", Token::random().unwrap());
+    let t0 = Instant::now();
+    let slow = async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        for link in &links {
+            link.set_delay(Duration::from_millis(1_300), Duration::ZERO);
+        }
+    };
+    let (first, ()) = tokio::join!(x.try_acquire_with_token([resource], &token), slow);
+    println!("X at {:?}: {:?}", t0.elapsed(), common::shown(&first));
+    assert!(first.is_err(), "validity exhausted");
+    let lock = y
+        .try_acquire_with_token([resource], &token)
+        .await
+        .expect("Y re-claims");
+    println!("Y re-claimed at {:?}", t0.elapsed());
+    // X's cleanup has landed by 1.8 s.
+    tokio::time::sleep_until((t0 + Duration::from_millis(1_800)).into()).await;
+    for link in &links {
+        link.heal();
+    }
+    assert_one_holder(&cluster, &rival, resource, &lock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleanup_held_in_the_network_does_not_delete_the_reclaimed_lock() {
+    cleanup_held_in_the_network(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleanup_held_in_the_network_does_not_delete_the_reclaimed_lock_without_stamps() {
+    cleanup_held_in_the_network(false).await;
 }
