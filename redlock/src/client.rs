@@ -245,7 +245,10 @@ impl Redlock {
     /// on the nodes is done — their answers in, the cleanups of what they created answered —
     /// so that no cleanup can delete what this call takes. Each wait lasts at most the time the
     /// earlier attempt allows its nodes (its node timeout, longer while a connection is being
-    /// opened) plus one second, a cleanup's grace. Another process is not waited for.
+    /// opened) plus one second, a cleanup's grace, plus that time once more: about twice the
+    /// node timeout plus one second. Such a cleanup also carries a deadline on each node's
+    /// clock that ends before then, after which it deletes nothing (docs/protocol.md). Another
+    /// process is not waited for.
     ///
     /// # Cancel safety
     /// As [`Redlock::acquire`], with the cleanup limited as above.

@@ -1132,10 +1132,19 @@ fn send_cleanup<B: Backend>(
     // done then, a re-claim went ahead up to a second before `settles_by`, ahead of a cleanup
     // that was still on its way and whose deadline on the node counts to `settles_by`, and lost
     // its keys to it (test `reclaim_attacks::a_cleanup_held_in_the_network_does_not_delete_the_
-    // reclaimed_lock`).
+    // reclaimed_lock`). And so does one whose call failed on this side of the connection (an
+    // I/O error: the connection died, its runtime shut down): it may have been written all the
+    // same (test `reclaim_attacks::a_cleanup_whose_connection_died_on_its_way_does_not_delete_
+    // the_reclaimed_lock`). Any other answer — the node's, or an error before anything was
+    // written (no connection, refused credentials) — settles it.
     rt.spawn(async move {
         let result = tokio::time::timeout(DELIVERY_GRACE, call).await;
-        if result.is_ok() {
+        let answered = match &result {
+            Ok(Ok(_)) => true,
+            Ok(Err(e)) => e.kind() != NodeErrorKind::Io,
+            Err(_) => false,
+        };
+        if answered {
             done();
         }
         telemetry::cleanup(&node, phase, &result);

@@ -631,6 +631,78 @@ async fn cleanup_held_in_the_network(stamps: bool) {
     assert_one_holder(&cluster, &rival, resource, &lock).await;
 }
 
+/// X's connections live in a runtime of their own (C), its attempts in the main one. Its
+/// re-claim fails (validity) with its links slowed to 1.3 s right after its requests left, so
+/// its cleanup is on its way to the nodes when C shuts down: the connections die and the
+/// cleanup's calls fail at once with an I/O error — which says nothing of whether the cleanup
+/// was written. Counted as answered, it let Y's re-claim go ahead at once; the cleanup landed
+/// at about 1.5 s, before its deadline on the nodes, and took Y's keys: `[-2, -2, -2]` and a
+/// rival took the lock, in 3 of 3 runs in review (the build before the expiring cleanup failed
+/// alike). A cleanup that failed on this side of the connection is waited for like one that
+/// did not answer.
+#[test]
+fn a_cleanup_whose_connection_died_on_its_way_does_not_delete_the_reclaimed_lock() {
+    let runtime = |threads| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let (main, connections) = (runtime(2), runtime(1));
+    let (cluster, y, rival) = main.block_on(async {
+        let cluster = common::proxied(3).await;
+        let direct = common::direct_urls(&cluster);
+        let y = client(direct.clone(), Duration::from_secs(1));
+        let rival = client(direct, Duration::from_millis(50));
+        let _ = y.connect().await;
+        let _ = rival.connect().await;
+        (cluster, y, rival)
+    });
+    let x = Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(2))
+        .min_validity(Duration::from_millis(1_900))
+        .node_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let _ = connections.block_on(x.connect());
+    let links: Vec<_> = (0..3).map(|i| cluster.node(i).proxy().unwrap()).collect();
+    let (resource, token) = ("connection-died", Token::random().unwrap());
+    let t0 = main.block_on(async {
+        for link in &links {
+            link.set_delay(Duration::from_millis(100), Duration::ZERO);
+        }
+        let t0 = Instant::now();
+        let slow = async {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            for link in &links {
+                link.set_delay(Duration::from_millis(1_300), Duration::ZERO);
+            }
+        };
+        let (first, ()) = tokio::join!(x.try_acquire_with_token([resource], &token), slow);
+        println!("X at {:?}: {:?}", t0.elapsed(), common::shown(&first));
+        assert!(first.is_err(), "validity exhausted");
+        // The connections' runtime writes the cleanups to the proxies.
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        t0
+    });
+    connections.shutdown_background();
+    main.block_on(async {
+        let lock = y
+            .try_acquire_with_token([resource], &token)
+            .await
+            .expect("Y re-claims");
+        println!("Y re-claimed at {:?}", t0.elapsed());
+        // X's cleanup has landed by 1.9 s.
+        tokio::time::sleep_until((t0 + Duration::from_millis(1_900)).into()).await;
+        for link in &links {
+            link.heal();
+        }
+        assert_one_holder(&cluster, &rival, resource, &lock).await;
+    });
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cleanup_held_in_the_network_does_not_delete_the_reclaimed_lock() {
     cleanup_held_in_the_network(true).await;
