@@ -580,6 +580,43 @@ async fn a_failed_reclaims_cleanup_reaches_a_slow_node_with_a_long_budget_in_tim
     slow_node_cleanup(true, Duration::from_millis(1_200), Duration::from_secs(3)).await;
 }
 
+/// The client X of the held-cleanup tests: a 2 s TTL and a 1.9 s minimum validity, so that
+/// its re-claim over 100 ms links fails on validity; 1 s node timeout.
+fn held_cleanup_client(urls: Vec<String>, stamps: bool) -> Redlock {
+    Redlock::builder()
+        .nodes(urls)
+        .ttl(Duration::from_secs(2))
+        .min_validity(Duration::from_millis(1_900))
+        .node_timeout(Duration::from_secs(1))
+        .claim_stamps(stamps)
+        .build()
+        .unwrap()
+}
+
+/// X's re-claim over `links` at 100 ms each way, slowed to 1.3 s 150 ms in (its requests are
+/// out, its cleanup will be held): it fails on validity. Returns when it started.
+async fn reclaim_failing_before_slow_links(
+    x: &Redlock,
+    links: &[&redlock_testkit::FaultProxy],
+    resource: &str,
+    token: &Token,
+) -> Instant {
+    for link in links {
+        link.set_delay(Duration::from_millis(100), Duration::ZERO);
+    }
+    let t0 = Instant::now();
+    let slow = async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        for link in links {
+            link.set_delay(Duration::from_millis(1_300), Duration::ZERO);
+        }
+    };
+    let (first, ()) = tokio::join!(x.try_acquire_with_token([resource], token), slow);
+    println!("X at {:?}: {:?}", t0.elapsed(), common::shown(&first));
+    assert!(first.is_err(), "validity exhausted");
+    t0
+}
+
 /// X's re-claim fails (validity) with its links slowed to 1.3 s each way right after its
 /// requests went out, so its cleanup lands about 1.5 s in and answers long after its 1 s
 /// grace. Counted as done when that grace ran out (at about 1.2 s), it let Y's re-claim go
@@ -590,34 +627,15 @@ async fn a_failed_reclaims_cleanup_reaches_a_slow_node_with_a_long_budget_in_tim
 async fn cleanup_held_in_the_network(stamps: bool) {
     let cluster = common::proxied(3).await;
     let direct = common::direct_urls(&cluster);
-    let x = Redlock::builder()
-        .nodes(cluster.urls())
-        .ttl(Duration::from_secs(2))
-        .min_validity(Duration::from_millis(1_900))
-        .node_timeout(Duration::from_secs(1))
-        .claim_stamps(stamps)
-        .build()
-        .unwrap();
+    let x = held_cleanup_client(cluster.urls(), stamps);
     let y = client(direct.clone(), Duration::from_secs(1));
     let rival = client(direct, Duration::from_millis(50));
     for rl in [&x, &y, &rival] {
         let _ = rl.connect().await;
     }
     let links: Vec<_> = (0..3).map(|i| cluster.node(i).proxy().unwrap()).collect();
-    for link in &links {
-        link.set_delay(Duration::from_millis(100), Duration::ZERO);
-    }
     let (resource, token) = ("held-cleanup", Token::random().unwrap());
-    let t0 = Instant::now();
-    let slow = async {
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        for link in &links {
-            link.set_delay(Duration::from_millis(1_300), Duration::ZERO);
-        }
-    };
-    let (first, ()) = tokio::join!(x.try_acquire_with_token([resource], &token), slow);
-    println!("X at {:?}: {:?}", t0.elapsed(), common::shown(&first));
-    assert!(first.is_err(), "validity exhausted");
+    let t0 = reclaim_failing_before_slow_links(&x, &links, resource, &token).await;
     let lock = y
         .try_acquire_with_token([resource], &token)
         .await
@@ -659,30 +677,12 @@ fn a_cleanup_whose_connection_died_on_its_way_does_not_delete_the_reclaimed_lock
         let _ = rival.connect().await;
         (cluster, y, rival)
     });
-    let x = Redlock::builder()
-        .nodes(cluster.urls())
-        .ttl(Duration::from_secs(2))
-        .min_validity(Duration::from_millis(1_900))
-        .node_timeout(Duration::from_secs(1))
-        .build()
-        .unwrap();
+    let x = held_cleanup_client(cluster.urls(), true);
     let _ = connections.block_on(x.connect());
     let links: Vec<_> = (0..3).map(|i| cluster.node(i).proxy().unwrap()).collect();
     let (resource, token) = ("connection-died", Token::random().unwrap());
     let t0 = main.block_on(async {
-        for link in &links {
-            link.set_delay(Duration::from_millis(100), Duration::ZERO);
-        }
-        let t0 = Instant::now();
-        let slow = async {
-            tokio::time::sleep(Duration::from_millis(150)).await;
-            for link in &links {
-                link.set_delay(Duration::from_millis(1_300), Duration::ZERO);
-            }
-        };
-        let (first, ()) = tokio::join!(x.try_acquire_with_token([resource], &token), slow);
-        println!("X at {:?}: {:?}", t0.elapsed(), common::shown(&first));
-        assert!(first.is_err(), "validity exhausted");
+        let t0 = reclaim_failing_before_slow_links(&x, &links, resource, &token).await;
         // The connections' runtime writes the cleanups to the proxies.
         tokio::time::sleep(Duration::from_millis(40)).await;
         t0
