@@ -948,25 +948,42 @@ impl<B: Backend> Core<B> {
                                 if *granted > 0
                         );
                         let quick = split && quick_retries > 0;
-                        // The quick retries of a release heard are used up, and a node that
-                        // refused the last attempt has not told of that release yet: it is still
-                        // on its way there (the release's deletes reach the nodes at different
-                        // times). Its message wakes nobody — only a release's first message
-                        // does — so the waiter used to sleep out its whole retry delay with the
-                        // lock free about 100 ms after the release (test `wait_attacks::a_
-                        // release_that_reaches_the_other_nodes_late_still_wakes_the_waiter`:
-                        // 4 s hand-offs). It waits for that node's message instead (never past
-                        // the pause or the deadline) and retries once
-                        // it came; each such retry needs another node's message of the release,
-                        // so a release allows at most one per node. The wait takes the place of
-                        // the pause (any message from the node ends it, a new release's too).
-                        if split
-                            && !quick
+                        // After a release heard, a node refused the attempt that has not told
+                        // of the latest release yet: it is still on its way there (the
+                        // release's deletes reach the nodes at different times). That node's
+                        // message wakes nobody — only a release's first message does — so the
+                        // waiter used to sleep out its whole retry delay with the lock free
+                        // about 100 ms after the release: after a split vote whose quick
+                        // retries were used up (test `wait_attacks::a_release_that_reaches_the_
+                        // other_nodes_late_still_wakes_the_waiter`: 4 s hand-offs), and after a
+                        // refusal by every node that answered, when the racing attempt reached
+                        // the first node ahead of the release (test `wait_attacks::a_waiter_
+                        // refused_everywhere_ahead_of_the_release_is_still_woken`: 4 s). It
+                        // waits for that node's message instead (never past the pause or the
+                        // deadline) and retries once it came; each such retry needs another
+                        // node's message of the release, so a release allows at most one per
+                        // node. The wait takes the place of the pause: any message from the
+                        // node ends it, and so does a new release on any of the lock's
+                        // channels.
+                        if !quick
                             && after_release
                             && let Some(node) = refused_unpublished(&err, i)
                         {
                             let limit = until_deadline(pause, deadline);
-                            match i.wait_for_node_or_release(node, limit).await {
+                            // Borrowed: a node that is not subscribed (`Unheard`) leaves
+                            // them to the pause below.
+                            let also = &mut also_notified;
+                            let r = crate::det::select! {
+                                r = i.wait_for_node_or_release(node, limit) => r,
+                                () = async {
+                                    if also.is_empty() {
+                                        std::future::pending::<()>().await;
+                                    } else {
+                                        futures_util::future::select_all(also.iter_mut()).await;
+                                    }
+                                } => NodeWait::NewRelease,
+                            };
+                            match r {
                                 NodeWait::Arrived | NodeWait::Published => {
                                     on_release = true;
                                     racing = true;

@@ -3,7 +3,8 @@
 //! one key, the subscription connections broken while tasks wait, a deadline that passes while
 //! the waiter subscribes, a release that reaches all but the first node late, a wait
 //! shorter than the retry delay, a node that never tells of a release while the next one
-//! comes, and a wait with a majority down. Real redis-server
+//! comes, a waiter refused everywhere ahead of a release (one resource, and several), and a
+//! wait with a majority down. Real redis-server
 //! processes through `redlock_testkit`, loopback only, each wait bounded.
 
 mod common;
@@ -390,6 +391,14 @@ async fn no_attempt_starts_after_the_deadline_while_subscribing_to_hung_nodes() 
 /// review (2026-12-05): hand-offs of 4.01 s in 3 of 3 runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_that_reaches_the_other_nodes_late_still_wakes_the_waiter() {
+    // Every node but the first is slow.
+    handoff_over_slow_links("late-elsewhere", |first| first).await;
+}
+
+/// Two rounds of a hand-off from a holder whose links to every node but `fast(first node)`
+/// are 100 ms slower during its release, to a waiter with fast links, a 50 ms node timeout and
+/// a 4 s retry delay; each hand-off must take less than half the retry delay.
+async fn handoff_over_slow_links(name: &str, fast: impl Fn(usize) -> usize) {
     use redlock_testkit::FaultProxy;
     const RETRY_DELAY: Duration = Duration::from_secs(4);
     let cluster = Cluster::start(3).await.expect("cluster");
@@ -417,8 +426,9 @@ async fn a_release_that_reaches_the_other_nodes_late_still_wakes_the_waiter() {
     holder.connect().await;
     waiter.connect().await;
     for round in 0..2 {
-        let key = format!("late-elsewhere-{round}");
+        let key = format!("{name}-{round}");
         let first = waiter.first_node(&key).expect("a first node");
+        let fast = fast(first);
         let lock = holder.acquire(&key).await.expect("holder acquires");
         let task = {
             let (waiter, key) = (waiter.clone(), key.clone());
@@ -436,7 +446,7 @@ async fn a_release_that_reaches_the_other_nodes_late_still_wakes_the_waiter() {
         // Its attempt after subscribing has been refused by now: it waits for a release.
         tokio::time::sleep(Duration::from_millis(200)).await;
         for (i, link) in links.iter().enumerate() {
-            if i != first {
+            if i != fast {
                 link.set_delay(Duration::from_millis(100), Duration::ZERO);
             }
         }
@@ -445,18 +455,96 @@ async fn a_release_that_reaches_the_other_nodes_late_still_wakes_the_waiter() {
         for link in &links {
             link.heal();
         }
-        let (acquired, got) = tokio::time::timeout(Duration::from_secs(15), task)
-            .await
-            .expect("the waiter returned within 15 s")
-            .expect("task");
-        let lock = got.expect("the waiter acquires");
-        let handoff = acquired.saturating_duration_since(released);
-        println!("round {round}: first node {first}, hand-off {handoff:?}");
+        let (lock, handoff) = handed_off(task, released).await;
+        println!("round {round}: first node {first}, fast node {fast}, hand-off {handoff:?}");
         waiter.release(lock).await.expect("waiter releases");
         assert!(
             handoff < RETRY_DELAY / 2,
             "round {round}: the hand-off took {handoff:?} (retry delay {RETRY_DELAY:?}): the \
              waiter slept out its retry delay with the lock free"
+        );
+    }
+}
+
+/// A release that reaches one node that is not the resource's first node ahead of the other
+/// two (the holder's links to those are 100 ms slower; the waiter's are all fast, its node
+/// timeout 50 ms). The waiter is woken by the fast node's message, waits its node timeout for
+/// the first node's message, and then races through the first node, which refuses: the
+/// release has not reached it yet. Nothing was granted, so this is no split vote but a plain
+/// refusal, whose pause only a new release ends; the release's later messages, from the two
+/// slow nodes, wake nobody. Seen in CI (2026-12-05, `waiters_of_several_clients_never_sleep_
+/// out_a_retry_delay`): the last waiter, refused by nodes the last release had not reached,
+/// slept out its whole 4 s retry delay with the lock free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_refused_everywhere_ahead_of_the_release_is_still_woken() {
+    // Every node but the one after the first is slow.
+    handoff_over_slow_links("ahead-of-release", |first| (first + 1) % 3).await;
+}
+
+/// A waiter for `[a, b]` whose refusal waits for a node's message of `a`'s release (see the
+/// test above) must still be woken by `b`'s release. `a`'s key is gone from one node before
+/// its release (as after a restart), so that node never tells of that release; `b` is held on
+/// every node by another client. `a`'s release wakes the waiter, every node refuses it (`b`),
+/// and the node without `a`'s key has not told of `a`'s release: the waiter waits for that
+/// node's message, which never comes. `b`'s release 200 ms later must end that wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_resource_waiter_waiting_for_a_node_is_woken_by_its_other_resource() {
+    const RETRY_DELAY: Duration = Duration::from_secs(4);
+    let cluster = Cluster::start(3).await.expect("cluster");
+    let holder = client(
+        cluster.urls(),
+        RetryPolicy::deadline(Duration::from_secs(10)),
+    );
+    let waiter = client(
+        cluster.urls(),
+        RetryPolicy::deadline(Duration::from_secs(20)).with_delay(RETRY_DELAY, Duration::ZERO),
+    );
+    holder.connect().await;
+    waiter.connect().await;
+    for round in 0..2 {
+        let (a, b) = (format!("many-a-{round}"), format!("many-b-{round}"));
+        let first = waiter.first_node(&a).expect("a first node");
+        let lost = (first + 1) % cluster.nodes().len();
+        let lock_a = holder.acquire(&a).await.expect("a");
+        let lock_b = holder.acquire(&b).await.expect("b");
+        common::del(
+            &cluster,
+            lost,
+            &format!("{}lock:{a}", redlock::DEFAULT_KEY_PREFIX),
+        )
+        .await;
+        let task = {
+            let (waiter, wanted) = (waiter.clone(), vec![a.clone(), b.clone()]);
+            tokio::spawn(async move {
+                let got = waiter.acquire_many(wanted).await;
+                (Instant::now(), got)
+            })
+        };
+        for resource in [&a, &b] {
+            let channel = format!("{}release:{resource}", redlock::DEFAULT_KEY_PREFIX);
+            let subscribed = common::eventually(Duration::from_secs(5), || async {
+                common::subscribed_nodes(&cluster, &channel).await == 3
+            })
+            .await;
+            assert!(
+                subscribed,
+                "round {round}: the waiter did not subscribe to {channel}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        holder.release(lock_a).await.expect("a released");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let released = Instant::now();
+        holder.release(lock_b).await.expect("b released");
+        let (lock, handoff) = handed_off(task, released).await;
+        println!(
+            "round {round}: first node {first}, a lost on {lost}, hand-off after b's release {handoff:?}"
+        );
+        waiter.release(lock).await.expect("waiter releases");
+        assert!(
+            handoff < RETRY_DELAY / 2,
+            "round {round}: the hand-off took {handoff:?} after b's release (retry delay \
+             {RETRY_DELAY:?}): the waiter for a node's message of a's release missed it"
         );
     }
 }
@@ -571,12 +659,7 @@ async fn a_new_release_ends_the_wait_for_a_node_that_never_tells_of_the_last_one
     }
     let released = Instant::now();
     common::publish(&cluster, first, &channel, "b2").await;
-    let (acquired, got) = tokio::time::timeout(Duration::from_secs(15), task)
-        .await
-        .expect("the waiter returned within 15 s")
-        .expect("task");
-    let lock = got.expect("the waiter acquires");
-    let handoff = acquired.saturating_duration_since(released);
+    let (lock, handoff) = handed_off(task, released).await;
     println!(
         "first node {first}, {woken} script calls after the first release, hand-off {handoff:?}"
     );
@@ -623,4 +706,17 @@ async fn a_wait_with_a_majority_down_does_not_sleep_to_its_deadline() {
         took < Duration::from_secs(1),
         "the error came after {took:?}: a pause nothing can end was slept to the deadline"
     );
+}
+
+/// The waiter's lock from its acquire `task`, and how long after `released` it was taken.
+async fn handed_off(
+    task: tokio::task::JoinHandle<(Instant, Result<redlock::Lock, redlock::Error>)>,
+    released: Instant,
+) -> (redlock::Lock, Duration) {
+    let (acquired, got) = tokio::time::timeout(Duration::from_secs(15), task)
+        .await
+        .expect("the waiter returned within 15 s")
+        .expect("task");
+    let lock = got.expect("the waiter acquires");
+    (lock, acquired.saturating_duration_since(released))
 }
