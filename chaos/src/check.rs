@@ -161,6 +161,19 @@ pub fn mutual_exclusion(ops: &[Op], guaranteed: bool) -> Verdict {
     for op in ops.iter().filter(|o| o.kind == Kind::Release) {
         ends.insert((op.client, op.task, op.resource, op.hold), op);
     }
+    // A hold re-claimed with its token (a crashed holder's successor) has several successful
+    // acquires: the release ends every one's window, but extends (by the renewals it counts)
+    // only the last one's; the others end at their own claimed validity at the latest.
+    let mut last: HashMap<(u32, u32, u32, u64), u64> = HashMap::new();
+    for op in ops
+        .iter()
+        .filter(|o| o.kind == Kind::Acquire && o.outcome == Outcome::Ok)
+    {
+        let at = last
+            .entry((op.client, op.task, op.resource, op.hold))
+            .or_insert(op.complete);
+        *at = (*at).max(op.complete);
+    }
     let mut windows: HashMap<u32, Vec<Window<'_>>> = HashMap::new();
     for op in ops
         .iter()
@@ -169,8 +182,12 @@ pub fn mutual_exclusion(ops: &[Op], guaranteed: bool) -> Verdict {
         let Some(valid) = op.valid_until else {
             continue;
         };
-        let end = match ends.get(&(op.client, op.task, op.resource, op.hold)) {
-            Some(rel) => rel.invoke.min(rel.valid_until.unwrap_or(valid)),
+        let hold = (op.client, op.task, op.resource, op.hold);
+        let end = match ends.get(&hold) {
+            Some(rel) if last.get(&hold) == Some(&op.complete) => {
+                rel.invoke.min(rel.valid_until.unwrap_or(valid))
+            }
+            Some(rel) => rel.invoke.min(valid),
             None => valid,
         };
         if end > op.complete {
@@ -438,6 +455,29 @@ mod tests {
         a.valid_until = Some(300);
         ops.push(a);
         assert_eq!(mutual_exclusion(&ops, true).violations, 0);
+    }
+
+    #[test]
+    fn a_reclaimed_hold_ends_its_first_window_at_its_own_validity() {
+        // Client 0's hold 1 is granted at 10 (valid until 100), its holder crashes, and its
+        // successor re-claims it at 300 with the token (valid until 600), releasing at 400.
+        let mut ops = hold(0, 1, 10, 100, None);
+        ops.extend(hold(0, 1, 300, 600, Some(400)));
+        // Client 1 held the lock between the two: no overlap with either window.
+        ops.extend(hold(1, 1, 150, 250, Some(200)));
+        assert_eq!(mutual_exclusion(&ops, true).violations, 0);
+        // The re-claim overlapping its own first grant is one holder, and its release ends
+        // the first grant's window too.
+        let mut same = hold(0, 1, 10, 900, None);
+        same.extend(hold(0, 1, 150, 600, Some(400)));
+        same.extend(hold(1, 1, 450, 800, Some(500)));
+        assert_eq!(mutual_exclusion(&same, true).violations, 0);
+        // Another client granted inside the first window, or inside the re-claim's: found.
+        let mut ops = hold(0, 1, 10, 100, None);
+        ops.extend(hold(0, 1, 300, 600, Some(400)));
+        ops.extend(hold(1, 1, 90, 250, Some(200)));
+        ops.extend(hold(2, 1, 350, 700, Some(500)));
+        assert_eq!(mutual_exclusion(&ops, true).violations, 2);
     }
 
     #[test]

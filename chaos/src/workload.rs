@@ -122,9 +122,11 @@ pub fn error_kind(e: &impl std::fmt::Debug) -> String {
 pub type Recorder = Arc<dyn Fn(Op) + Send + Sync>;
 
 /// Runs one client until `plan.until`: `plan.tasks` tasks on one `Redlock`, each a separate
-/// holder. Each hold acquires a random resource, writes its register, sometimes keeps it under
-/// a renewing guard and writes again, and releases it — or, now and then, abandons it (a
-/// crashed holder: no release, the keys expire). Every operation goes to `record`.
+/// holder. Each hold acquires a random resource (now and then with a token of its own),
+/// writes its register, sometimes keeps it under a renewing guard and writes again, and
+/// releases it — or, now and then, abandons it (a crashed holder: no release, the keys
+/// expire), or crashes and has a successor re-claim it with its token, write and release.
+/// Every operation goes to `record`.
 pub async fn client(
     plan: ClientPlan,
     redlock: Redlock,
@@ -186,7 +188,11 @@ impl Holder<'_> {
                 wrote: None,
                 error: None,
             };
-            let acquired = self.redlock.acquire(&resource_name(r)).await;
+            let acquired = if rng.random_range(0..16u8) == 0 {
+                self.acquire_with_own_token(r, &mut rng).await
+            } else {
+                self.redlock.acquire(&resource_name(r)).await
+            };
             let now = clock.now();
             let lock = match acquired {
                 Ok(lock) => {
@@ -252,6 +258,18 @@ impl Holder<'_> {
                 ));
                 continue;
             }
+            if style == 3 {
+                // Restarted: the holder writes and crashes, and its successor re-claims the
+                // lock with the token it persisted, writes and releases. One hold: the same
+                // token's.
+                record(write().await);
+                let token = lock.token().clone();
+                drop(lock);
+                let restart = plan.hold.mul_f64(rng.random_range(0.0..0.5));
+                tokio::time::sleep(restart).await;
+                self.reclaim(&base, &token).await;
+                continue;
+            }
             record(write().await);
             let invoke = clock.now();
             let valid_until = deadline_ns(invoke, lock.valid_until());
@@ -264,6 +282,79 @@ impl Holder<'_> {
                 released,
             ));
         }
+    }
+
+    /// An acquire with a token of the caller's own, as a caller that stores its token before
+    /// it asks (so that it can re-claim the lock after a crash): single attempts with that
+    /// token, retried after a short pause (each waits for the cleanup of the one before).
+    async fn acquire_with_own_token(
+        &self,
+        r: u32,
+        rng: &mut StdRng,
+    ) -> Result<redlock::Lock, redlock::Error> {
+        let token = redlock::Token::random().map_err(redlock::Error::Entropy)?;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let got = self
+                .redlock
+                .try_acquire_with_token([resource_name(r)], &token)
+                .await;
+            match got {
+                Err(e) if e.is_retryable() && tries < 4 => {
+                    tokio::time::sleep(Duration::from_millis(rng.random_range(5..20))).await;
+                }
+                got => return got,
+            }
+        }
+    }
+
+    /// A successor's re-claim of the hold `base` with the token its crashed predecessor
+    /// persisted: recorded as another acquire of the same hold; when it succeeds, a write and
+    /// the release follow.
+    async fn reclaim(&self, base: &Op, token: &redlock::Token) {
+        let invoke = self.clock.now();
+        let resource = resource_name(base.resource);
+        let again = self
+            .redlock
+            .try_acquire_with_token([resource.as_str()], token)
+            .await;
+        let now = self.clock.now();
+        let base = Op {
+            invoke,
+            ..base.clone()
+        };
+        let lock = match again {
+            Ok(lock) => lock,
+            Err(e) => {
+                (self.record)(Op {
+                    outcome: Outcome::Fail,
+                    complete: now,
+                    error: Some(error_kind(&e)),
+                    ..base
+                });
+                return;
+            }
+        };
+        (self.record)(Op {
+            complete: now,
+            valid_until: Some(deadline_ns(now, lock.valid_until())),
+            fence: lock.fence().as_ref().map(ToString::to_string),
+            ..base.clone()
+        });
+        let fence = lock.fence();
+        let token = fence.as_ref().filter(|_| self.plan.fencing);
+        (self.record)(self.write(&base, token, fence.as_ref()).await);
+        let invoke = self.clock.now();
+        let valid_until = deadline_ns(invoke, lock.valid_until());
+        let released = self.redlock.release(lock).await;
+        (self.record)(release_op(
+            &base,
+            invoke,
+            valid_until,
+            self.clock.now(),
+            released,
+        ));
     }
 
     /// One read-modify-write of the hold's register; a pending pause strikes between the read
