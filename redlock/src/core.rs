@@ -221,11 +221,30 @@ fn refused_somewhere(err: &Error) -> bool {
     }
 }
 
-/// A node that refused the attempt that failed with `err` and whose message of the last
-/// release heard on `interest`'s channel has not arrived.
-fn refused_unpublished(err: &Error, interest: &Interest) -> Option<usize> {
-    err.nodes().iter().enumerate().find_map(|(i, r)| {
-        (matches!(r.outcome, NodeOutcome::Refused) && !interest.node_published(i)).then_some(i)
+/// A node that refused the attempt that failed with `err`, and one of the lock's `interests`
+/// (its resources' channels) on which that node's message of the last release heard has not
+/// arrived. `first`: the node a racing attempt asked first; when it refused, the others were
+/// not asked (their refusals are the gate's, not theirs), so only it counts.
+fn refused_unpublished<'a>(
+    err: &Error,
+    first: Option<usize>,
+    interests: impl Iterator<Item = &'a Interest> + Clone,
+) -> Option<(&'a Interest, usize)> {
+    let nodes = err.nodes();
+    let refused = |i: usize| {
+        nodes
+            .get(i)
+            .is_some_and(|r| matches!(r.outcome, NodeOutcome::Refused))
+    };
+    let asked: Vec<usize> = match first {
+        Some(f) if refused(f) => vec![f],
+        _ => (0..nodes.len()).filter(|&i| refused(i)).collect(),
+    };
+    asked.into_iter().find_map(|node| {
+        interests
+            .clone()
+            .find(|interest| !interest.node_published(node))
+            .map(|interest| (interest, node))
     })
 }
 
@@ -812,6 +831,11 @@ impl<B: Backend> Core<B> {
                         self.first_node_index(&resources[0])
                             .is_some_and(|node| !i.node_published(node))
                     });
+                // The node this attempt asks first, if it races through one (see
+                // `refused_unpublished`).
+                let first_asked = (racing && self.config.race_via_first_node)
+                    .then(|| self.first_node_index(&resources[0]))
+                    .flatten();
                 let attempt_started = Instant::now();
                 let result = self
                     .attempt(
@@ -956,48 +980,63 @@ impl<B: Backend> Core<B> {
                         // about 100 ms after the release: after a split vote whose quick
                         // retries were used up (test `wait_attacks::a_release_that_reaches_the_
                         // other_nodes_late_still_wakes_the_waiter`: 4 s hand-offs), and after a
-                        // refusal by every node that answered, when the racing attempt reached
-                        // the first node ahead of the release (test `wait_attacks::a_waiter_
-                        // refused_everywhere_ahead_of_the_release_is_still_woken`: 4 s). It
-                        // waits for that node's message instead (never past the pause or the
-                        // deadline) and retries once it came; each such retry needs another
-                        // node's message of the release, so a release allows at most one per
-                        // node. The wait takes the place of the pause: any message from the
-                        // node ends it, and so does a new release on any of the lock's
-                        // channels.
+                        // refusal with nothing granted, when the racing attempt reached the
+                        // first node ahead of the release (test `wait_attacks::a_waiter_refused_
+                        // everywhere_ahead_of_the_release_is_still_woken`: 4 s), on any of the
+                        // lock's resources (`wait_attacks::a_multi_resource_waiter_is_woken_by_
+                        // its_second_resource_released_late`). It waits for that node's message
+                        // instead (never past the pause or the deadline) and retries once it
+                        // came; each such retry needs another node's message of the release,
+                        // so a release allows at most one per node. The wait takes the place of
+                        // the pause, and ends like it too: on a new release on any of the lock's
+                        // channels, on a message without a wake-up id, on a subscription
+                        // re-opened (releases may have gone unheard) — the pause below then
+                        // follows as woken.
+                        let mut woken_early = false;
                         if !quick
                             && after_release
-                            && let Some(node) = refused_unpublished(&err, i)
+                            && let Some((waited_on, node)) = refused_unpublished(
+                                &err,
+                                first_asked,
+                                std::iter::once(i).chain(others.iter()),
+                            )
                         {
                             let limit = until_deadline(pause, deadline);
-                            // Borrowed: a node that is not subscribed (`Unheard`) leaves
-                            // them to the pause below.
-                            let also = &mut also_notified;
+                            // Borrowed: a node that is not subscribed (`Unheard`) leaves them
+                            // to the pause below.
+                            let (wake, also) = (&mut notified, &mut also_notified);
                             let r = crate::det::select! {
-                                r = i.wait_for_node_or_release(node, limit) => r,
+                                r = waited_on.wait_for_node_or_release(node, limit) => Some(r),
+                                () = async {
+                                    match wake.as_mut() {
+                                        Some(w) => w.await,
+                                        None => std::future::pending::<()>().await,
+                                    }
+                                } => None,
                                 () = async {
                                     if also.is_empty() {
                                         std::future::pending::<()>().await;
                                     } else {
                                         futures_util::future::select_all(also.iter_mut()).await;
                                     }
-                                } => NodeWait::NewRelease,
+                                } => None,
                             };
                             match r {
-                                NodeWait::Arrived | NodeWait::Published => {
+                                None => woken_early = true,
+                                Some(NodeWait::Arrived | NodeWait::Published) => {
                                     on_release = true;
                                     racing = true;
                                     continue;
                                 }
                                 // Another release: its attempt is staggered like any other.
-                                NodeWait::NewRelease => {
+                                Some(NodeWait::NewRelease) => {
                                     quick_retries = 3;
                                     on_release = true;
                                     stagger(round_trip, i.lead(), deadline).await;
                                     racing = true;
                                     continue;
                                 }
-                                NodeWait::TimedOut => {
+                                Some(NodeWait::TimedOut) => {
                                     if passed(deadline) {
                                         return Err(given_up(
                                             err,
@@ -1011,7 +1050,7 @@ impl<B: Backend> Core<B> {
                                     continue;
                                 }
                                 // The node is not subscribed: the wait below.
-                                NodeWait::Unheard => {}
+                                Some(NodeWait::Unheard) => {}
                             }
                         }
                         let wait = if quick {
@@ -1024,7 +1063,7 @@ impl<B: Backend> Core<B> {
                         };
                         let wake = notified.take();
                         let also = std::mem::take(&mut also_notified);
-                        let woken = crate::det::select! {
+                        let woken = woken_early || crate::det::select! {
                             () = async { if let Some(w) = wake { w.await } } => true,
                             () = async {
                                 if also.is_empty() {
