@@ -221,15 +221,20 @@ fn refused_somewhere(err: &Error) -> bool {
     }
 }
 
-/// A node that refused the attempt that failed with `err`, and one of the lock's `interests`
-/// (its resources' channels) on which that node's message of the last release heard has not
-/// arrived. `first`: the node a racing attempt asked first; when it refused, the others were
-/// not asked (their refusals are the gate's, not theirs), so only it counts.
+/// The nodes that refused the attempt that failed with `err`, each with one of the lock's
+/// `interests` (its resources' channels) on which that node's message of the last release
+/// heard has not arrived: every such pair. `first`: the node a racing attempt asked first,
+/// given when its answer came before the gate could open by the node's patience (the attempt
+/// was over by then); when it refused, the others were not asked (its refusal shut the gate,
+/// and they count as refusing unasked), so only it counts. After a gate opened by patience
+/// every node was asked: a version that counted only a refusing first node then waited for
+/// nothing while the node the release had not reached refused (test
+/// `node_waits::a_split_vote_after_the_first_nodes_patience_waits_for_the_late_node`).
 fn refused_unpublished<'a>(
     err: &Error,
     first: Option<usize>,
     interests: impl Iterator<Item = &'a Interest> + Clone,
-) -> Option<(&'a Interest, usize)> {
+) -> Vec<(&'a Interest, usize)> {
     let nodes = err.nodes();
     let refused = |i: usize| {
         nodes
@@ -240,12 +245,34 @@ fn refused_unpublished<'a>(
         Some(f) if refused(f) => vec![f],
         _ => (0..nodes.len()).filter(|&i| refused(i)).collect(),
     };
-    asked.into_iter().find_map(|node| {
-        interests
-            .clone()
-            .find(|interest| !interest.node_published(node))
-            .map(|interest| (interest, node))
-    })
+    asked
+        .into_iter()
+        .flat_map(|node| {
+            interests
+                .clone()
+                .filter(move |interest| !interest.node_published(node))
+                .map(move |interest| (interest, node))
+        })
+        .collect()
+}
+
+/// Waits for any of `candidates` (see [`refused_unpublished`]) at once: the first node's
+/// message of its channel's latest release, or a new release on one of their channels, ends
+/// the wait (a node not subscribed to a channel is left out: `Unheard` once none is left).
+/// One at a time, an old release a node never told of (it had nothing to delete) on one
+/// channel hid the node still on its way with the latest release on another.
+async fn wait_for_any_node(candidates: &[(&Interest, usize)], limit: Duration) -> NodeWait {
+    use futures_util::StreamExt;
+    let mut waits: futures_util::stream::FuturesUnordered<_> = candidates
+        .iter()
+        .map(|(interest, node)| interest.wait_for_node_or_release(*node, limit))
+        .collect();
+    while let Some(r) = waits.next().await {
+        if r != NodeWait::Unheard {
+            return r;
+        }
+    }
+    NodeWait::Unheard
 }
 
 /// `limit`, cut to what is left until the retry policy's `deadline` (no attempt starts after it).
@@ -831,11 +858,16 @@ impl<B: Backend> Core<B> {
                         self.first_node_index(&resources[0])
                             .is_some_and(|node| !i.node_published(node))
                     });
-                // The node this attempt asks first, if it races through one (see
-                // `refused_unpublished`).
+                // The node this attempt asks first, if it races through one, and how long the
+                // others wait for its answer (see `refused_unpublished`; as `engine::Phase`).
                 let first_asked = (racing && self.config.race_via_first_node)
                     .then(|| self.first_node_index(&resources[0]))
                     .flatten();
+                let patience = (0..self.backend.len())
+                    .map(|i| self.backend.budget(i))
+                    .min()
+                    .unwrap_or_default()
+                    / 4;
                 let attempt_started = Instant::now();
                 let result = self
                     .attempt(
@@ -993,20 +1025,21 @@ impl<B: Backend> Core<B> {
                         // re-opened (releases may have gone unheard) — the pause below then
                         // follows as woken.
                         let mut woken_early = false;
-                        if !quick
-                            && after_release
-                            && let Some((waited_on, node)) = refused_unpublished(
+                        let candidates = match !quick && after_release {
+                            true => refused_unpublished(
                                 &err,
-                                first_asked,
+                                first_asked.filter(|_| round_trip < patience),
                                 std::iter::once(i).chain(others.iter()),
-                            )
-                        {
+                            ),
+                            false => Vec::new(),
+                        };
+                        if !candidates.is_empty() {
                             let limit = until_deadline(pause, deadline);
-                            // Borrowed: a node that is not subscribed (`Unheard`) leaves them
+                            // Borrowed: nodes that are not subscribed (`Unheard`) leave them
                             // to the pause below.
                             let (wake, also) = (&mut notified, &mut also_notified);
                             let r = crate::det::select! {
-                                r = waited_on.wait_for_node_or_release(node, limit) => Some(r),
+                                r = wait_for_any_node(&candidates, limit) => Some(r),
                                 () = async {
                                     match wake.as_mut() {
                                         Some(w) => w.await,

@@ -395,11 +395,8 @@ async fn a_release_that_reaches_the_other_nodes_late_still_wakes_the_waiter() {
     handoff_over_slow_links("late-elsewhere", |first| first).await;
 }
 
-/// A waiter's acquire running in a task: when it returned, and what.
-type Acquiring = tokio::task::JoinHandle<(Instant, Result<redlock::Lock, redlock::Error>)>;
-
 /// `waiter`'s acquire of `resources` (one or several), started now.
-fn acquiring(waiter: &Redlock, resources: &[&str]) -> Acquiring {
+fn acquiring(waiter: &Redlock, resources: &[&str]) -> common::Acquiring {
     let waiter = waiter.clone();
     let resources: Vec<String> = resources.iter().map(|r| r.to_string()).collect();
     tokio::spawn(async move {
@@ -478,7 +475,7 @@ impl Rig {
         }
     }
 
-    fn acquiring(&self, resources: &[&str]) -> Acquiring {
+    fn acquiring(&self, resources: &[&str]) -> common::Acquiring {
         acquiring(&self.waiter, resources)
     }
 
@@ -503,8 +500,8 @@ impl Rig {
 
     /// The waiter's lock from `task`: released again, and the hand-off (from `released`)
     /// asserted shorter than half the retry delay.
-    async fn handed_off(&self, task: Acquiring, released: Instant, what: &str) {
-        let (lock, handoff) = handed_off(task, released).await;
+    async fn handed_off(&self, task: common::Acquiring, released: Instant, what: &str) {
+        let (lock, handoff) = common::handed_off(task, released).await;
         println!("{what}: hand-off {handoff:?}");
         self.waiter.release(lock).await.expect("waiter releases");
         assert!(
@@ -606,7 +603,7 @@ async fn a_multi_resource_waiter_waiting_for_a_node_is_woken_by_its_other_resour
         tokio::time::sleep(Duration::from_millis(200)).await;
         let released = Instant::now();
         holder.release(lock_b).await.expect("b released");
-        let (lock, handoff) = handed_off(task, released).await;
+        let (lock, handoff) = common::handed_off(task, released).await;
         println!(
             "round {round}: first node {first}, a lost on {lost}, hand-off after b's release {handoff:?}"
         );
@@ -726,7 +723,7 @@ async fn node_wait_ended_by(key: &str, everywhere: bool, second: &str) -> (Durat
     }
     let released = Instant::now();
     common::publish(&cluster, first, &channel, second).await;
-    let (lock, handoff) = handed_off(task, released).await;
+    let (lock, handoff) = common::handed_off(task, released).await;
     println!(
         "first node {first}, keys on {held:?}, {woken} script calls after the first release, \
          hand-off after {second:?} {handoff:?}"
@@ -874,14 +871,4 @@ async fn a_wait_with_a_majority_down_does_not_sleep_to_its_deadline() {
         took < Duration::from_secs(1),
         "the error came after {took:?}: a pause nothing can end was slept to the deadline"
     );
-}
-
-/// The waiter's lock from its acquire `task`, and how long after `released` it was taken.
-async fn handed_off(task: Acquiring, released: Instant) -> (redlock::Lock, Duration) {
-    let (acquired, got) = tokio::time::timeout(Duration::from_secs(15), task)
-        .await
-        .expect("the waiter returned within 15 s")
-        .expect("task");
-    let lock = got.expect("the waiter acquires");
-    (lock, acquired.saturating_duration_since(released))
 }

@@ -332,3 +332,20 @@ pub fn acl_recipe(name: &str, version: &str) -> Vec<&'static str> {
     }
     rules
 }
+
+/// A waiter's acquire running in a task: when it returned, and what.
+pub type Acquiring =
+    tokio::task::JoinHandle<(std::time::Instant, Result<redlock::Lock, redlock::Error>)>;
+
+/// The waiter's lock from its acquire `task`, and how long after `released` it was taken.
+pub async fn handed_off(
+    task: Acquiring,
+    released: std::time::Instant,
+) -> (redlock::Lock, Duration) {
+    let (acquired, got) = tokio::time::timeout(Duration::from_secs(15), task)
+        .await
+        .expect("the waiter returned within 15 s")
+        .expect("task");
+    let lock = got.expect("the waiter acquires");
+    (lock, acquired.saturating_duration_since(released))
+}
