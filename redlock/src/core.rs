@@ -275,6 +275,31 @@ async fn wait_for_any_node(candidates: &[(&Interest, usize)], limit: Duration) -
     NodeWait::Unheard
 }
 
+/// Ends when a release is heard on the lock's first channel (`wake`, enabled before the
+/// attempt) or on one of its others (`also`); never without either.
+async fn release_heard(
+    wake: &mut Option<std::pin::Pin<Box<tokio::sync::futures::Notified<'_>>>>,
+    also: &mut [std::pin::Pin<Box<tokio::sync::futures::Notified<'_>>>],
+) {
+    let first = async {
+        match wake.as_mut() {
+            Some(w) => w.await,
+            None => std::future::pending().await,
+        }
+    };
+    let others = async {
+        if also.is_empty() {
+            std::future::pending::<()>().await;
+        } else {
+            futures_util::future::select_all(also.iter_mut()).await;
+        }
+    };
+    crate::det::select! {
+        () = first => {}
+        () = others => {}
+    }
+}
+
 /// `limit`, cut to what is left until the retry policy's `deadline` (no attempt starts after it).
 fn until_deadline(limit: Duration, deadline: Option<Instant>) -> Duration {
     deadline.map_or(limit, |d| {
@@ -858,16 +883,11 @@ impl<B: Backend> Core<B> {
                         self.first_node_index(&resources[0])
                             .is_some_and(|node| !i.node_published(node))
                     });
-                // The node this attempt asks first, if it races through one, and how long the
-                // others wait for its answer (see `refused_unpublished`; as `engine::Phase`).
+                // The node this attempt asks first, if it races through one (see
+                // `refused_unpublished`).
                 let first_asked = (racing && self.config.race_via_first_node)
                     .then(|| self.first_node_index(&resources[0]))
                     .flatten();
-                let patience = (0..self.backend.len())
-                    .map(|i| self.backend.budget(i))
-                    .min()
-                    .unwrap_or_default()
-                    / 4;
                 let attempt_started = Instant::now();
                 let result = self
                     .attempt(
@@ -1028,7 +1048,8 @@ impl<B: Backend> Core<B> {
                         let candidates = match !quick && after_release {
                             true => refused_unpublished(
                                 &err,
-                                first_asked.filter(|_| round_trip < patience),
+                                first_asked
+                                    .filter(|_| round_trip < engine::patience(&*self.backend)),
                                 std::iter::once(i).chain(others.iter()),
                             ),
                             false => Vec::new(),
@@ -1037,22 +1058,9 @@ impl<B: Backend> Core<B> {
                             let limit = until_deadline(pause, deadline);
                             // Borrowed: nodes that are not subscribed (`Unheard`) leave them
                             // to the pause below.
-                            let (wake, also) = (&mut notified, &mut also_notified);
                             let r = crate::det::select! {
                                 r = wait_for_any_node(&candidates, limit) => Some(r),
-                                () = async {
-                                    match wake.as_mut() {
-                                        Some(w) => w.await,
-                                        None => std::future::pending::<()>().await,
-                                    }
-                                } => None,
-                                () = async {
-                                    if also.is_empty() {
-                                        std::future::pending::<()>().await;
-                                    } else {
-                                        futures_util::future::select_all(also.iter_mut()).await;
-                                    }
-                                } => None,
+                                () = release_heard(&mut notified, &mut also_notified) => None,
                             };
                             match r {
                                 None => woken_early = true,
@@ -1094,17 +1102,8 @@ impl<B: Backend> Core<B> {
                             quick_retries = 0;
                             pause
                         };
-                        let wake = notified.take();
-                        let also = std::mem::take(&mut also_notified);
                         let woken = woken_early || crate::det::select! {
-                            () = async { if let Some(w) = wake { w.await } } => true,
-                            () = async {
-                                if also.is_empty() {
-                                    std::future::pending::<()>().await;
-                                } else {
-                                    futures_util::future::select_all(also).await;
-                                }
-                            } => true,
+                            () = release_heard(&mut notified, &mut also_notified) => true,
                             () = crate::timer::sleep(wait) => false,
                         };
                         // A pause cut at the deadline that no release ended: the call is over.

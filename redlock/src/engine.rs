@@ -538,7 +538,7 @@ impl<B: Backend> Phase<B> {
         // its own, which a connection being opened lengthens), and every other node keeps its
         // whole budget from the latest moment it may be asked.
         let patience = match first_node {
-            Some(_) => (0..n).map(|i| backend.budget(i)).min().unwrap_or_default() / 4,
+            Some(_) => patience(&**backend),
             None => Duration::ZERO,
         };
         let (mut open, opened) = match first_node {
@@ -983,6 +983,17 @@ pub(crate) struct First {
     pub(crate) node: usize,
     /// Called when that node fails or does not answer within its budget.
     pub(crate) missed: Box<dyn FnOnce() + Send>,
+}
+
+/// How long the nodes after a racing attempt's first node wait for its answer before they are
+/// asked anyway: a quarter of the shortest node budget (not of the first node's own, which a
+/// connection being opened lengthens).
+pub(crate) fn patience<B: Backend>(backend: &B) -> Duration {
+    (0..backend.len())
+        .map(|i| backend.budget(i))
+        .min()
+        .unwrap_or_default()
+        / 4
 }
 
 /// Whether the nodes after the first may be asked (see [`Phase::start`]).
