@@ -157,22 +157,31 @@ fn holder(op: &Op) -> (u32, u32, u64) {
 /// overlap.
 pub fn mutual_exclusion(ops: &[Op], guaranteed: bool) -> Verdict {
     let mut v = Verdict::new("mutual exclusion", guaranteed);
-    let mut ends: HashMap<(u32, u32, u32, u64), &Op> = HashMap::new();
+    // A hold can have several grants: re-claimed with its token after a crash (one release,
+    // at the end), or after a failed release (a release between them). Each grant's window
+    // ends at the first release of the hold invoked after it; a release extends (by the
+    // renewals it counts) only the window of the last grant before it, and the others end at
+    // their own claimed validity at the latest.
+    type Hold = (u32, u32, u32, u64);
+    let mut releases: HashMap<Hold, Vec<&Op>> = HashMap::new();
     for op in ops.iter().filter(|o| o.kind == Kind::Release) {
-        ends.insert((op.client, op.task, op.resource, op.hold), op);
+        releases
+            .entry((op.client, op.task, op.resource, op.hold))
+            .or_default()
+            .push(op);
     }
-    // A hold re-claimed with its token (a crashed holder's successor) has several successful
-    // acquires: the release ends every one's window, but extends (by the renewals it counts)
-    // only the last one's; the others end at their own claimed validity at the latest.
-    let mut last: HashMap<(u32, u32, u32, u64), u64> = HashMap::new();
+    let mut grants: HashMap<Hold, Vec<u64>> = HashMap::new();
     for op in ops
         .iter()
         .filter(|o| o.kind == Kind::Acquire && o.outcome == Outcome::Ok)
     {
-        let at = last
+        grants
             .entry((op.client, op.task, op.resource, op.hold))
-            .or_insert(op.complete);
-        *at = (*at).max(op.complete);
+            .or_default()
+            .push(op.complete);
+    }
+    for list in releases.values_mut() {
+        list.sort_by_key(|r| r.invoke);
     }
     let mut windows: HashMap<u32, Vec<Window<'_>>> = HashMap::new();
     for op in ops
@@ -183,11 +192,21 @@ pub fn mutual_exclusion(ops: &[Op], guaranteed: bool) -> Verdict {
             continue;
         };
         let hold = (op.client, op.task, op.resource, op.hold);
-        let end = match ends.get(&hold) {
-            Some(rel) if last.get(&hold) == Some(&op.complete) => {
-                rel.invoke.min(rel.valid_until.unwrap_or(valid))
+        let release = releases
+            .get(&hold)
+            .and_then(|list| list.iter().find(|r| r.invoke >= op.complete));
+        let end = match release {
+            Some(rel) => {
+                // The last grant of the hold before this release: the one it releases.
+                let latest = grants
+                    .get(&hold)
+                    .is_some_and(|g| !g.iter().any(|&at| at > op.complete && at <= rel.invoke));
+                if latest {
+                    rel.invoke.min(rel.valid_until.unwrap_or(valid))
+                } else {
+                    rel.invoke.min(valid)
+                }
             }
-            Some(rel) => rel.invoke.min(valid),
             None => valid,
         };
         if end > op.complete {
@@ -455,6 +474,23 @@ mod tests {
         a.valid_until = Some(300);
         ops.push(a);
         assert_eq!(mutual_exclusion(&ops, true).violations, 0);
+    }
+
+    #[test]
+    fn a_hold_reclaimed_after_a_failed_release_ends_its_first_window_there() {
+        // Client 0's hold 1 is granted at 10 (valid until 500); its release, invoked at 100,
+        // fails; it re-claims at 300 (valid until 600) and releases at 400.
+        let mut hold1 = hold(0, 1, 10, 500, Some(100));
+        hold1.extend(hold(0, 1, 300, 600, Some(400)));
+        // Another client granted between the failed release and the re-claim: one holder at
+        // a time (the first holder gave the lock up at 100).
+        let mut ops = hold1.clone();
+        ops.extend(hold(1, 1, 150, 250, Some(200)));
+        assert_eq!(mutual_exclusion(&ops, true).violations, 0);
+        // Granted inside the re-claim's window: found.
+        let mut ops = hold1;
+        ops.extend(hold(1, 1, 350, 700, Some(380)));
+        assert_eq!(mutual_exclusion(&ops, true).violations, 1);
     }
 
     #[test]

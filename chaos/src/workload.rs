@@ -188,7 +188,8 @@ impl Holder<'_> {
                 wrote: None,
                 error: None,
             };
-            let acquired = if rng.random_range(0..16u8) == 0 {
+            let own_token = rng.random_range(0..16u8) == 0;
+            let acquired = if own_token {
                 self.acquire_with_own_token(r, &mut rng).await
             } else {
                 self.redlock.acquire(&resource_name(r)).await
@@ -273,7 +274,9 @@ impl Holder<'_> {
             record(write().await);
             let invoke = clock.now();
             let valid_until = deadline_ns(invoke, lock.valid_until());
+            let reclaim = own_token.then(|| lock.token().clone());
             let released = self.redlock.release(lock).await;
+            let failed = released.is_err();
             record(release_op(
                 &base,
                 invoke,
@@ -281,6 +284,13 @@ impl Holder<'_> {
                 clock.now(),
                 released,
             ));
+            // A holder with a token of its own whose release failed takes the lock again with
+            // that token at once (to finish its job, or to release it once more): the re-claim
+            // must not lose its keys to the failed release's late deletes. One hold: the same
+            // token's.
+            if let (true, Some(token)) = (failed, reclaim) {
+                self.reclaim(&base, &token).await;
+            }
         }
     }
 

@@ -1321,8 +1321,27 @@ impl<B: Backend> Core<B> {
                 wake,
                 before_us: None,
             });
+            let own_token = granted.filter(|g| g.own_token());
+            if let Some(g) = own_token {
+                g.answers().await;
+            }
             let spared = granted.map(engine::Granted::withdraw_unsent);
-            let mut phase = Phase::release(&self.backend, op, spared.as_deref().unwrap_or(&[]));
+            let mut phase = Phase::release(
+                &self.backend,
+                op,
+                spared.as_deref().unwrap_or(&[]),
+                own_token,
+                self.config.drift_factor,
+            );
+            // The deletes of a lock taken with the caller's token are, like an attempt's
+            // cleanup, waited for by the next attempt with the token (see `reclaim`): sent
+            // before they landed, a re-claim kept the keys, and the late deletes took them
+            // (test `reclaim_attacks::a_reclaim_after_a_failed_release_keeps_its_lock`).
+            if own_token.is_some()
+                && let Some(deletes) = phase.unanswered()
+            {
+                crate::reclaim::register(token, keys, deletes);
+            }
             if let Some(w) = &self.waiters {
                 // The deletes are now queued on every node's connection, and this client's
                 // requests reach each node in the order they were made: a local waiter's

@@ -270,6 +270,13 @@ struct Slot {
     /// For an attempt with the caller's token, the last moment on the node's clock (µs) at
     /// which the cleanup of its grant there may still delete (see [`cleanup_deadline`]).
     before_us: Option<u64>,
+    /// For an attempt with the caller's token, the node's clock (µs) read before its grant and
+    /// the moment its answer was read here: the release of the lock bounds its delete by it
+    /// (see [`Granted::release_deadlines`]).
+    clock: Option<(u64, Instant)>,
+    /// Its request answered (not only timed out): for a release whose deletes are waited for
+    /// (`State::deletes`), the delete is done on the node.
+    answered: bool,
     /// The cleanup request was sent to it.
     cleaned: bool,
     /// Its cleanup was sent and has neither answered nor run out of time.
@@ -293,6 +300,11 @@ struct State {
     /// Notified after each node's outcome is recorded (and its cleanup handed over), once
     /// somebody waits for one (see [`Unanswered`]).
     recorded: Option<Arc<Notify>>,
+    /// When the phase was created, before any of its requests was sent.
+    started: Instant,
+    /// A release whose deletes may still land on a node whose answer is out, until
+    /// `settles_by`, after the driver is gone too (see [`Granted::release_deadlines`]).
+    deletes: bool,
     /// The last node deadline: an attempt with the caller's token sends no cleanup after it
     /// (see `take_cleanup`).
     last_deadline: Instant,
@@ -335,6 +347,8 @@ impl State {
                     heard: None,
                     kept: false,
                     before_us: None,
+                    clock: None,
+                    answered: false,
                     cleaned: false,
                     cleaning: false,
                 })
@@ -348,6 +362,8 @@ impl State {
             abandoned: false,
             kept: false,
             recorded: None,
+            started: Instant::now(),
+            deletes: false,
             last_deadline: Instant::now(),
             settles_by: Instant::now(),
             unfollowed: false,
@@ -371,12 +387,15 @@ impl State {
         self.positive += usize::from(counts);
         self.pending -= 1;
         let slot = &mut self.slots[i];
+        slot.answered |= outcome.answered();
         slot.claim = claim;
         slot.heard = heard;
         slot.kept = kept;
-        slot.before_us = at_us
-            .filter(|_| self.own_token)
-            .map(|at| cleanup_deadline(at, self.settles_by, Instant::now()));
+        let read = Instant::now();
+        slot.clock = at_us.filter(|_| self.own_token).map(|at| (at, read));
+        slot.before_us = slot
+            .clock
+            .map(|(at, _)| cleanup_deadline(at, self.settles_by, read));
         slot.outcome = outcome;
         if !self.decided
             && let Some(success) = verdict(self.positive, self.pending, self.needed)
@@ -437,7 +456,12 @@ impl State {
     /// or may still come: a grant it created, while the attempt is neither given up (which
     /// sends the cleanup) nor kept by its caller.
     fn unsettled(&self, i: usize) -> bool {
-        let open = !self.abandoned && !self.kept;
+        if self.deletes {
+            // A delete that has not answered may still land, until `settles_by`.
+            return self.slots.get(i).is_some_and(|s| !s.answered);
+        }
+        // An acquire's grants, until it is given up or kept; a release has none.
+        let open = self.goal == Goal::Quorum && !self.abandoned && !self.kept;
         (self.unanswered(i) && !self.unfollowed)
             || self.slots.get(i).is_some_and(|s| {
                 s.cleaning
@@ -498,12 +522,25 @@ impl<B: Backend> Phase<B> {
         cleanup: Option<Arc<Op>>,
         first: Option<First>,
     ) -> Self {
-        Self::launch(backend, name, op, goal, cleanup, first, &[])
+        Self::launch(backend, name, op, goal, cleanup, first, Deletes::default())
     }
 
     /// A release phase: `op` to every node but those `spared` (a node none of the lock's
     /// requests reached, see [`Reach`]), which count as having had nothing to delete.
-    pub(crate) fn release(backend: &Arc<B>, op: Arc<Op>, spared: &[bool]) -> Self {
+    ///
+    /// The release of a lock taken with the caller's token (`own_token`) bounds each delete by a
+    /// deadline on its node's clock and counts as unsettled until every delete answered or
+    /// surely passed its deadline (see [`Granted::release_deadlines`]); the next attempt with
+    /// the token waits for it (see `reclaim`).
+    pub(crate) fn release(
+        backend: &Arc<B>,
+        op: Arc<Op>,
+        spared: &[bool],
+        own_token: Option<&Granted>,
+        drift_factor: f64,
+    ) -> Self {
+        let bounds =
+            own_token.map(|g| move |settles_by| g.release_deadlines(settles_by, drift_factor));
         Self::launch(
             backend,
             PhaseName::Release,
@@ -511,7 +548,10 @@ impl<B: Backend> Phase<B> {
             Goal::NoQuorumLeft,
             None,
             None,
-            spared,
+            Deletes {
+                spared,
+                bounds: bounds.as_ref().map(|f| f as &dyn Fn(Instant) -> Bounds),
+            },
         )
     }
 
@@ -522,7 +562,7 @@ impl<B: Backend> Phase<B> {
         goal: Goal,
         cleanup: Option<Arc<Op>>,
         first: Option<First>,
-        spared: &[bool],
+        Deletes { spared, bounds }: Deletes<'_>,
     ) -> Self {
         let n = backend.len();
         let (own_token, reach) = match &*op {
@@ -548,6 +588,12 @@ impl<B: Backend> Phase<B> {
             }
             None => (None, None),
         };
+        // A release's deletes bounded on the nodes' clocks: each may land until the phase
+        // settles (its last deadline, the grace, one longest budget more).
+        let bounded = bounds.map(|f| {
+            let longest = (0..n).map(|i| backend.budget(i)).max().unwrap_or_default();
+            f(now + longest + DELIVERY_GRACE + longest)
+        });
         let mut calls = Vec::with_capacity(n);
         for i in 0..n {
             let budget = backend.budget(i);
@@ -574,12 +620,41 @@ impl<B: Backend> Phase<B> {
                     );
                     (request, now + patience + budget)
                 }
-                (None, None) if spared.get(i) == Some(&true) => {
+                // A node spared, or one that refused the acquire of a lock whose release is
+                // bounded: nothing of the lock is there.
+                (None, None)
+                    if spared.get(i) == Some(&true)
+                        || bounded
+                            .as_ref()
+                            .is_some_and(|b| b.deletes[i] == Delete::NothingThere) =>
+                {
                     let nothing: BoxFuture<'static, _> =
                         Box::pin(std::future::ready(Ok(Reply::No)));
                     (nothing, now + budget)
                 }
-                (None, None) => (backend.call(i, Arc::clone(&op)), now + budget),
+                // A node a bounded release has no clock of: not sent (see
+                // `Granted::release_deadlines`), and not a confirmation.
+                (None, None)
+                    if bounded
+                        .as_ref()
+                        .is_some_and(|b| b.deletes[i] == Delete::Unbounded) =>
+                {
+                    let withheld: BoxFuture<'static, _> = Box::pin(std::future::ready(Err(
+                        NodeError::new(NodeErrorKind::Withdrawn, WITHHELD),
+                    )));
+                    (withheld, now + budget)
+                }
+                (None, None) => {
+                    let before = bounded.as_ref().and_then(|b| match b.deletes[i] {
+                        Delete::Before(us) => Some(us),
+                        _ => None,
+                    });
+                    let op = match before.and_then(|us| op.before(us)) {
+                        Some(bounded) => Arc::new(bounded),
+                        None => Arc::clone(&op),
+                    };
+                    (backend.call(i, op), now + budget)
+                }
             };
             calls.push(Call {
                 request: Some(handed_over(request)),
@@ -594,6 +669,10 @@ impl<B: Backend> Phase<B> {
             let mut st = lock(&state);
             st.last_deadline = last_deadline;
             st.settles_by = last_deadline + DELIVERY_GRACE + (last_deadline - now);
+            if let Some(b) = &bounded {
+                st.deletes = true;
+                st.settles_by = st.settles_by.max(b.passed);
+            }
         }
         let earliest = calls.iter().map(|c| c.deadline).min().unwrap_or(give_up);
         let driver = Driver {
@@ -605,6 +684,7 @@ impl<B: Backend> Phase<B> {
             give_up,
             cleanup: cleanup.clone(),
             phase: name,
+            follows_late: bounded.is_some() || own_token,
         };
         Self {
             backend: Arc::clone(backend),
@@ -786,6 +866,38 @@ impl Unanswered {
     }
 }
 
+/// A release's terms for [`Phase::launch`]: the nodes it spares, and the deadlines of its
+/// deletes on the nodes' clocks, given when the phase settles (see
+/// [`Granted::release_deadlines`]).
+#[derive(Default)]
+struct Deletes<'a> {
+    spared: &'a [bool],
+    bounds: Option<&'a dyn Fn(Instant) -> Bounds>,
+}
+
+/// Why the delete of a bounded release was not sent to a node.
+const WITHHELD: &str = "delete not sent: the node's grant of this lock (taken with the caller's token) was never read, so no deadline on its clock could bound the delete; what the lock left there expires with its TTL";
+
+/// What a bounded release sends a node (see [`Granted::release_deadlines`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Delete {
+    /// A delete that runs up to this moment on the node's clock (µs).
+    Before(u64),
+    /// Nothing: the node refused the lock's acquire.
+    NothingThere,
+    /// Nothing: a delete would have no deadline (the node's grant was never read).
+    Unbounded,
+}
+
+/// The deadlines of a release's deletes on the nodes' clocks (see
+/// [`Granted::release_deadlines`]).
+pub(crate) struct Bounds {
+    /// By node.
+    deletes: Vec<Delete>,
+    /// When every bounded delete has surely passed its deadline.
+    passed: Instant,
+}
+
 /// The claims of a kept acquire, including grants that arrived after the quorum decision.
 #[derive(Clone)]
 pub(crate) struct Granted(Arc<Mutex<State>>);
@@ -800,6 +912,80 @@ impl Granted {
             .collect();
         claims.sort_by(|a, b| a.node.cmp(&b.node));
         claims
+    }
+
+    /// Whether the lock was taken with the caller's token.
+    pub(crate) fn own_token(&self) -> bool {
+        lock(&self.0).own_token
+    }
+
+    /// Waits — at most until the acquire's last node deadline and a grace — until every node's
+    /// answer to the acquire is recorded, a late one too, or will not be read: a grant read but
+    /// not yet recorded (its driver runs in a task of its own), or answered after its node
+    /// timed out, has its clock then. A node whose grant came after its timeout had no clock,
+    /// and its release sent it nothing: the key stayed for its TTL and a waiter slept out its
+    /// 2 s retry delay (`local_fifo::a_waiter_waits_for_the_release_to_reach_the_node_it_asks_
+    /// first`, a node 35 ms away each way with a 50 ms node timeout). Released at once after the decision, a node whose grant was
+    /// not recorded yet had no clock: sent an unbounded delete, it landed after a re-claim and
+    /// took its key there (1 run in 4 of `reclaim_attacks::a_release_landing_after_its_deadline_
+    /// does_not_delete_the_reclaimed_lock`); spared, it counted as having nothing to delete,
+    /// and the release said done with the key still there (3 runs in 9 of the same test).
+    pub(crate) async fn answers(&self) {
+        let until = lock(&self.0).last_deadline + DELIVERY_GRACE;
+        Unanswered(Arc::clone(&self.0))
+            .wait(until, |st| {
+                !st.unfollowed && st.slots.iter().any(|s| !s.answered)
+            })
+            .await;
+    }
+
+    /// For a release of the lock whose deletes may land until `settles_by`: each node's
+    /// deadline on its clock (µs), from the clock it answered before its grant — late enough
+    /// that a delete landing by `settles_by` runs, while the node's clock counts at most
+    /// `1 + drift_factor` of the real time — and when every node's clock has surely passed its
+    /// deadline, counting at least `1 - drift_factor` of it. A delete written later deletes
+    /// nothing, so the next attempt with the token, sent after that, cannot lose its keys to
+    /// it. A node that refused the acquire is sent nothing (it holds none of the lock); nor is
+    /// one whose grant was never read (see [`Granted::answers`]), and it does not count as
+    /// confirming: a delete with no deadline, landing at any time, might take what a re-claim
+    /// keeps there, and what the acquire left on it, if anything, expires with the TTL (the rule
+    /// of the attempt's own cleanup, see `State::own_token`). Counted as confirming, a release
+    /// said done while the keys stayed on a majority (a node whose grant was delayed 2.5 s, and
+    /// another whose delete came after its deadline).
+    ///
+    /// The longer the lock was held, the wider the two bounds apart: a re-claim after a release
+    /// with a delete unanswered waits about `2 · drift_factor` of the time since the grant.
+    pub(crate) fn release_deadlines(&self, settles_by: Instant, drift_factor: f64) -> Bounds {
+        let st = lock(&self.0);
+        let fast = 1.0 + drift_factor;
+        // `build()` keeps the factor below 0.5.
+        let slow = 1.0 - drift_factor;
+        let margin = Duration::from_millis(1);
+        let mut passed = settles_by;
+        let deletes = st
+            .slots
+            .iter()
+            .map(|s| {
+                let Some((at, read)) = s.clock else {
+                    return match s.outcome {
+                        NodeOutcome::Refused => Delete::NothingThere,
+                        _ => Delete::Unbounded,
+                    };
+                };
+                // The node's clock at `settles_by` is at most this far past `at`: it was read
+                // after the attempt started.
+                let upto = settles_by
+                    .saturating_duration_since(st.started)
+                    .mul_f64(fast)
+                    + margin;
+                // And at least `slow` of the time since its answer was read.
+                passed = passed.max(read + upto.div_f64(slow) + margin);
+                Delete::Before(
+                    at.saturating_add(u64::try_from(upto.as_micros()).unwrap_or(u64::MAX)),
+                )
+            })
+            .collect();
+        Bounds { deletes, passed }
     }
 
     /// Whether the lock's requests left the client for each node (see [`Reach`]).
@@ -1190,6 +1376,9 @@ struct Driver<B: Backend> {
     give_up: Instant,
     cleanup: Option<Arc<Op>>,
     phase: PhaseName,
+    /// Late answers are recorded (see `Slot::answered`): a release whose deletes are waited
+    /// for (`State::deletes`), or an attempt with the caller's token.
+    follows_late: bool,
 }
 
 impl<B: Backend> Driver<B> {
@@ -1249,7 +1438,30 @@ impl<B: Backend> Future for Driver<B> {
             };
             this.calls[i].request = None;
             if this.calls[i].settled {
-                continue; // a late answer, after its node was recorded as timed out
+                // A late answer, after its node was recorded as timed out: a release's delete
+                // that answered is done on the node; a late grant of an attempt with the
+                // caller's token has the node's clock, by which the lock's release bounds its
+                // delete there (see `Granted::release_deadlines`).
+                if this.follows_late {
+                    let done = answer
+                        .as_ref()
+                        .map_or_else(|e| e.kind() != NodeErrorKind::Io, |_| true);
+                    let clock = match &answer {
+                        Ok(Reply::Yes {
+                            at_us: Some(at), ..
+                        }) => Some((*at, Instant::now())),
+                        _ => None,
+                    };
+                    changed(&this.state, |st| {
+                        let own_token = st.own_token;
+                        let slot = &mut st.slots[i];
+                        slot.answered |= done;
+                        if own_token && clock.is_some() {
+                            slot.clock = clock;
+                        }
+                    });
+                }
+                continue;
             }
             let (outcome, extras) = match answer {
                 Ok(Reply::Yes {

@@ -59,6 +59,17 @@ impl NodeOutcome {
     pub fn may_hold(&self) -> bool {
         !matches!(self, Self::Refused)
     }
+
+    /// Whether the node answered the request, so that it is done there: not a timeout, nor an
+    /// I/O error on this side of the connection (the request may have been written all the
+    /// same, and still be on its way).
+    pub(crate) fn answered(&self) -> bool {
+        match self {
+            Self::Confirmed | Self::Refused => true,
+            Self::Failed(e) => e.kind() != NodeErrorKind::Io,
+            Self::TimedOut { .. } | Self::Pending => false,
+        }
+    }
 }
 
 impl fmt::Display for NodeOutcome {
@@ -100,7 +111,10 @@ pub enum NodeErrorKind {
     Identity,
     /// Not a fault of the node: the request never left this client. It waited to be sent
     /// (behind others, or for a node that did not answer) until the lock's release withdrew
-    /// it, and nothing of it was written on the node.
+    /// it, and nothing of it was written on the node. Or it is the delete of a release of a
+    /// lock taken with the caller's token, withheld from a node whose grant was never read:
+    /// no deadline on that node's clock could bound it (what the lock left there expires with
+    /// its TTL).
     Withdrawn,
 }
 

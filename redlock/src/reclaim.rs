@@ -200,6 +200,20 @@ impl Drop for Turn {
     }
 }
 
+/// Lists a release of a lock with the caller's `token` on `keys` whose deletes are on their way:
+/// the attempts with the token after it wait for them like for an earlier attempt's cleanup.
+pub(crate) fn register(token: &Token, keys: &Arc<[String]>, deletes: Unanswered) {
+    let mut all = lock(&ATTEMPTS);
+    all.sweep(token);
+    all.by_token.entry(token.clone()).or_default().push(Entry {
+        keys: Arc::clone(keys),
+        attempt: Arc::new(Attempt {
+            stage: Mutex::new(Stage::Started(deletes)),
+            changed: Notify::new(),
+        }),
+    });
+}
+
 /// Takes a place for an attempt with the caller's `token` on `keys`, and waits until the
 /// earlier attempts with the same token on any of those keys cannot act on the nodes any more
 /// (see the module's documentation). The attempt must send its requests right after, and

@@ -712,3 +712,144 @@ async fn a_cleanup_held_in_the_network_does_not_delete_the_reclaimed_lock() {
 async fn a_cleanup_held_in_the_network_does_not_delete_the_reclaimed_lock_without_stamps() {
     cleanup_held_in_the_network(false).await;
 }
+
+/// X (through proxies, 200 ms node timeout) takes a lock with its own token; then the links to
+/// nodes 1 and 2 take `delay` each way, and X's release fails with node 0's confirmation alone,
+/// its deletes on their way to 1 and 2. Y re-claims with the token at the servers' own
+/// addresses right after, and the late deletes land: with the release not waited for, they
+/// took the keys Y had kept there (found in review: `[-2, -2, 8599]`, a rival took the lock
+/// while the re-claimed lock said valid for 8.5 s). Returns how long the re-claim took.
+async fn reclaim_after_a_failed_release(resource: &str, delay: Duration) -> Duration {
+    let cluster = common::proxied(3).await;
+    let direct = common::direct_urls(&cluster);
+    let x = client(cluster.urls(), Duration::from_millis(200));
+    let y = client(direct.clone(), Duration::from_secs(1));
+    let rival = client(direct, Duration::from_millis(50));
+    let _ = x.connect().await;
+    let _ = y.connect().await;
+    let _ = rival.connect().await;
+    let token = Token::random().unwrap();
+    let lock = x
+        .try_acquire_with_token([resource], &token)
+        .await
+        .expect("X takes the lock");
+    // Every node's grant is read before the links slow down.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for i in 1..3 {
+        let link = cluster.node(i).proxy().unwrap();
+        link.set_delay(delay, Duration::ZERO);
+    }
+    let started = Instant::now();
+    let released = x.release(lock).await;
+    println!(
+        "X's release after {:?}: {:?}",
+        started.elapsed(),
+        common::shown(&released)
+    );
+    assert!(released.is_err(), "one confirmation of the two needed");
+    let reclaimed_at = Instant::now();
+    let lock = y
+        .try_acquire_with_token([resource], &token)
+        .await
+        .expect("Y re-claims");
+    let took = reclaimed_at.elapsed();
+    println!("Y re-claimed in {took:?}");
+    // The late deletes have landed (or, past their deadline on the nodes, done nothing).
+    let landed = (delay + Duration::from_millis(300)).saturating_sub(started.elapsed());
+    tokio::time::sleep(landed).await;
+    // Every node the re-claim counts still holds its key: a late delete took none.
+    let pttls = common::pttls(&cluster, &format!("redlock:lock:{resource}")).await;
+    assert!(
+        pttls.iter().all(|&ms| ms > 0),
+        "a late delete took a key of the re-claimed lock: PTTL {pttls:?}"
+    );
+    assert_one_holder(&cluster, &rival, resource, &lock).await;
+    took
+}
+
+/// The deletes land 1.3 s after the release, before their deadline on the nodes: the
+/// re-claim waits until then (about 1.2 s after the failed release).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaim_after_a_failed_release_keeps_its_lock() {
+    let took = reclaim_after_a_failed_release("failed-release", Duration::from_millis(1300)).await;
+    assert!(
+        took < Duration::from_secs(3),
+        "the wait is bounded: {took:?}"
+    );
+}
+
+/// The deletes land 2.5 s after the release, after the re-claim went ahead (it waits no longer
+/// than until their deadline on the nodes has surely passed): they must delete nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_landing_after_its_deadline_does_not_delete_the_reclaimed_lock() {
+    let took =
+        reclaim_after_a_failed_release("failed-release-late", Duration::from_millis(2500)).await;
+    assert!(
+        took < Duration::from_secs(2),
+        "the wait is bounded: {took:?}"
+    );
+}
+
+/// A release on healthy nodes is answered by every node at once: a re-claim with the token
+/// right after it does not wait (nothing of the release is still out), and takes the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaim_right_after_a_release_on_healthy_nodes_does_not_wait() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let c = client(cluster.urls(), Duration::from_millis(200));
+    let token = Token::random().unwrap();
+    let mut slowest = Duration::ZERO;
+    for _ in 0..20 {
+        let lock = c
+            .try_acquire_with_token(["healthy-release"], &token)
+            .await
+            .expect("takes the lock");
+        c.release(lock).await.expect("released");
+        let started = Instant::now();
+        let lock = c
+            .try_acquire_with_token(["healthy-release"], &token)
+            .await
+            .expect("re-claims");
+        slowest = slowest.max(started.elapsed());
+        c.release(lock).await.expect("released");
+    }
+    println!("slowest re-claim right after a release: {slowest:?}");
+    assert!(slowest < Duration::from_millis(150), "{slowest:?}");
+}
+
+/// X takes a lock with its own token while node 2's link takes 1.5 s each way: nodes 0 and 1
+/// grant, node 2's grant is never read (its node timeout and the 1 s grace end first), and it
+/// has no clock to bound a delete by. The release sends it none and reports it as withheld —
+/// not as confirming that nothing of the lock is there (the first cut counted it as refused,
+/// and a release could say done while the keys stayed on a majority). The key the grant left
+/// there expires with its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_sends_no_unbounded_delete_to_a_node_whose_grant_was_never_read() {
+    let cluster = common::proxied(3).await;
+    let x = client(cluster.urls(), Duration::from_millis(200));
+    let _ = x.connect().await;
+    let slow = cluster.node(2).proxy().unwrap();
+    slow.set_delay(Duration::from_millis(1500), Duration::ZERO);
+    let token = Token::random().unwrap();
+    let lock = x
+        .try_acquire_with_token(["unread-grant"], &token)
+        .await
+        .expect("nodes 0 and 1 grant");
+    let report = x.release(lock).await.expect("nodes 0 and 1 confirm");
+    let outcomes: Vec<String> = report.nodes.iter().map(|n| n.outcome.to_string()).collect();
+    println!("release: {outcomes:?}");
+    assert!(
+        matches!(&report.nodes[2].outcome, redlock::NodeOutcome::Failed(e) if e.kind() == redlock::NodeErrorKind::Withdrawn),
+        "node 2: {}",
+        report.nodes[2].outcome
+    );
+    // The grant landed at 1.5 s and stays; nodes 0 and 1 were released.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    slow.set_delay(Duration::ZERO, Duration::ZERO);
+    let pttls = common::pttls(&cluster, "redlock:lock:unread-grant").await;
+    println!("PTTL {pttls:?}");
+    assert_eq!(&pttls[..2], &[-2, -2]);
+    assert!(
+        pttls[2] > 0,
+        "node 2 keeps the unread grant's key: {pttls:?}"
+    );
+}
