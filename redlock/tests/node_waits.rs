@@ -56,7 +56,9 @@ async fn wait_subscribed(cluster: &Cluster, channel: &str) -> bool {
 /// any refusing node's message after a split vote). bfd3848, which counted only the first node
 /// as refusing after it refused, paused for the rest of its 4 s (3.59–3.91 s in 6 of 6
 /// rounds in review).
-/// `!g_free`: nothing is granted (not covered: the waiter pauses, see the test below).
+/// `!g_free`: nothing is granted; the racing attempt took longer than the first node's
+/// patience, so every refusing node counts, and the waiter waits for h's (and g's) message of
+/// "a1" rather than pausing (found in review: 2.93–2.95 s on bfd3848 and dbe5b59).
 ///
 /// 1.2 s after "a1" the keys go (f's racer cleans up, the release reaches g and h) and h (and g)
 /// publish "a1": a repeat, which wakes nobody. Returns the hand-off from then.
@@ -138,6 +140,24 @@ async fn a_split_vote_after_the_first_nodes_patience_waits_for_the_late_node() {
             handoff < RETRY_DELAY / 2,
             "round {round}: the hand-off took {handoff:?} (retry delay {RETRY_DELAY:?}): the \
              waiter did not wait for the late node's message"
+        );
+    }
+}
+
+/// A racing attempt whose gate the first node's patience opened, refused everywhere (the
+/// release has reached only the first node), waits for the other nodes' messages of the
+/// release instead of pausing out its retry delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_everywhere_after_the_first_nodes_patience_waits_for_the_late_nodes() {
+    for (round, name) in ["patience-busy-0", "patience-busy-1"]
+        .into_iter()
+        .enumerate()
+    {
+        let handoff = patience_gate(name, false).await;
+        assert!(
+            handoff < RETRY_DELAY / 2,
+            "round {round}: the hand-off took {handoff:?} (retry delay {RETRY_DELAY:?}): the \
+             waiter did not wait for the late nodes' messages"
         );
     }
 }
