@@ -8,7 +8,10 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 
 use crate::claim::Claim;
-use crate::error::{ConfigError, NodeError};
+use crate::error::{ConfigError, NodeError, NodeErrorKind};
+
+/// Why a release bounded on the node's clock deleted nothing.
+const PAST_DEADLINE: &str = "the delete's deadline on the node's clock had passed (its clock stepped forward, or runs faster than the drift factor allows): nothing deleted, and what is there expires with its TTL";
 use crate::token::Token;
 
 /// One request sent to every node of a phase.
@@ -309,6 +312,15 @@ impl Reply {
 
     /// A release's answer: `Yes` when it deleted anything, with how many subscribers heard
     /// its wake-up on the node, if known.
+    /// A release's answer, or an error when its deadline on the node's clock had passed
+    /// (`scripts::RELEASE_BEFORE` answers −1): it deleted nothing, whatever is there.
+    pub(crate) fn released_before(n: i64, heard: Option<u32>) -> Result<Self, NodeError> {
+        if n < 0 {
+            return Err(NodeError::new(NodeErrorKind::Server, PAST_DEADLINE));
+        }
+        Ok(Self::released(n, heard))
+    }
+
     pub(crate) fn released(n: i64, heard: Option<u32>) -> Self {
         if n > 0 {
             Reply::Yes {

@@ -250,6 +250,16 @@ impl Redlock {
     /// clock that ends before then, after which it deletes nothing (docs/protocol.md). Another
     /// process is not waited for.
     ///
+    /// The release of a lock taken with this method is waited for the same way: its deletes
+    /// carry deadlines on the nodes' clocks, and a call after a release whose deletes did not
+    /// all answer waits until they did or those deadlines have surely passed — about twice the
+    /// node timeout plus one second, plus `2 · drift_factor` of the time the lock was held. That
+    /// release sends no delete to a node the lock may have written on without the node's clock
+    /// being read (it never answered the acquire with a grant or a refusal; never counted as
+    /// confirming): what is there expires with the TTL. After a failed release of a lock taken
+    /// with a fresh token whose token you read ([`Lock::token`]), re-take it with a fresh token:
+    /// such a release has no node clock to bound its deletes by, and is not waited for.
+    ///
     /// # Cancel safety
     /// As [`Redlock::acquire`], with the cleanup limited as above.
     pub async fn try_acquire_with_token<I, S>(

@@ -1321,27 +1321,14 @@ impl<B: Backend> Core<B> {
                 wake,
                 before_us: None,
             });
-            let own_token = granted.filter(|g| g.own_token());
-            if let Some(g) = own_token {
-                g.answers().await;
-            }
-            let spared = granted.map(engine::Granted::withdraw_unsent);
-            let mut phase = Phase::release(
+            let (mut phase, spared) = start_release(
                 &self.backend,
                 op,
-                spared.as_deref().unwrap_or(&[]),
-                own_token,
+                granted,
                 self.config.drift_factor,
+                token,
+                keys,
             );
-            // The deletes of a lock taken with the caller's token are, like an attempt's
-            // cleanup, waited for by the next attempt with the token (see `reclaim`): sent
-            // before they landed, a re-claim kept the keys, and the late deletes took them
-            // (test `reclaim_attacks::a_reclaim_after_a_failed_release_keeps_its_lock`).
-            if own_token.is_some()
-                && let Some(deletes) = phase.unanswered()
-            {
-                crate::reclaim::register(token, keys, deletes);
-            }
             if let Some(w) = &self.waiters {
                 // The deletes are now queued on every node's connection, and this client's
                 // requests reach each node in the order they were made: a local waiter's
@@ -1505,6 +1492,37 @@ impl<B: Backend> Core<B> {
         telemetry::lease_started();
         LockGuard::new(held, Arc::clone(self) as Arc<dyn Releaser>)
     }
+}
+
+/// Starts a release phase: the owner-checked delete on every node but those spared (see
+/// [`engine::Granted::withdraw_unsent`]). The deletes of a lock taken with the caller's token
+/// carry deadlines on the nodes' clocks and are, like an attempt's cleanup, waited for by the
+/// next attempt with the token (see `reclaim`): sent before they landed, a re-claim kept the
+/// keys and the late deletes took them (test `reclaim_attacks::a_reclaim_after_a_failed_
+/// release_keeps_its_lock`). Returns the phase and the nodes spared.
+fn start_release<B: Backend>(
+    backend: &Arc<B>,
+    op: Arc<Op>,
+    granted: Option<&engine::Granted>,
+    drift_factor: f64,
+    token: &Token,
+    keys: &Names,
+) -> (Phase<B>, Option<Vec<bool>>) {
+    let own_token = granted.filter(|g| g.own_token());
+    let spared = granted.map(engine::Granted::withdraw_unsent);
+    let phase = Phase::release(
+        backend,
+        op,
+        spared.as_deref().unwrap_or(&[]),
+        own_token,
+        drift_factor,
+    );
+    if own_token.is_some()
+        && let Some(deletes) = phase.unanswered()
+    {
+        crate::reclaim::register(token, keys, deletes);
+    }
+    (phase, spared)
 }
 
 impl<B: Backend> Releaser for Core<B> {

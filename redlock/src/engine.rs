@@ -272,11 +272,15 @@ struct Slot {
     before_us: Option<u64>,
     /// For an attempt with the caller's token, the node's clock (µs) read before its grant and
     /// the moment its answer was read here: the release of the lock bounds its delete by it
-    /// (see [`Granted::release_deadlines`]).
+    /// (see [`Granted::release_request`]).
     clock: Option<(u64, Instant)>,
     /// Its request answered (not only timed out): for a release whose deletes are waited for
     /// (`State::deletes`), the delete is done on the node.
     answered: bool,
+    /// Renewals' put-backs of the lock's keys handed to the node and not answered yet.
+    repairing: u32,
+    /// A put-back may have written the lock's keys on the node without its clock being read.
+    put_back: bool,
     /// The cleanup request was sent to it.
     cleaned: bool,
     /// Its cleanup was sent and has neither answered nor run out of time.
@@ -303,7 +307,7 @@ struct State {
     /// When the phase was created, before any of its requests was sent.
     started: Instant,
     /// A release whose deletes may still land on a node whose answer is out, until
-    /// `settles_by`, after the driver is gone too (see [`Granted::release_deadlines`]).
+    /// `settles_by`, after the driver is gone too (see [`Granted::release_request`]).
     deletes: bool,
     /// The last node deadline: an attempt with the caller's token sends no cleanup after it
     /// (see `take_cleanup`).
@@ -349,6 +353,8 @@ impl State {
                     before_us: None,
                     clock: None,
                     answered: false,
+                    repairing: 0,
+                    put_back: false,
                     cleaned: false,
                     cleaning: false,
                 })
@@ -530,7 +536,7 @@ impl<B: Backend> Phase<B> {
     ///
     /// The release of a lock taken with the caller's token (`own_token`) bounds each delete by a
     /// deadline on its node's clock and counts as unsettled until every delete answered or
-    /// surely passed its deadline (see [`Granted::release_deadlines`]); the next attempt with
+    /// surely passed its deadline (see [`Granted::release_request`]); the next attempt with
     /// the token waits for it (see `reclaim`).
     pub(crate) fn release(
         backend: &Arc<B>,
@@ -539,8 +545,6 @@ impl<B: Backend> Phase<B> {
         own_token: Option<&Granted>,
         drift_factor: f64,
     ) -> Self {
-        let bounds =
-            own_token.map(|g| move |settles_by| g.release_deadlines(settles_by, drift_factor));
         Self::launch(
             backend,
             PhaseName::Release,
@@ -550,7 +554,7 @@ impl<B: Backend> Phase<B> {
             None,
             Deletes {
                 spared,
-                bounds: bounds.as_ref().map(|f| f as &dyn Fn(Instant) -> Bounds),
+                bounded: own_token.map(|g| (g, drift_factor)),
             },
         )
     }
@@ -562,7 +566,7 @@ impl<B: Backend> Phase<B> {
         goal: Goal,
         cleanup: Option<Arc<Op>>,
         first: Option<First>,
-        Deletes { spared, bounds }: Deletes<'_>,
+        Deletes { spared, bounded }: Deletes<'_>,
     ) -> Self {
         let n = backend.len();
         let (own_token, reach) = match &*op {
@@ -589,11 +593,13 @@ impl<B: Backend> Phase<B> {
             None => (None, None),
         };
         // A release's deletes bounded on the nodes' clocks: each may land until the phase
-        // settles (its last deadline, the grace, one longest budget more).
-        let bounded = bounds.map(|f| {
+        // settles (its last deadline, the grace, one longest budget more), and every node's
+        // clock has surely passed its deadline by `passed`.
+        let bounded = bounded.map(|(g, drift_factor)| {
             let longest = (0..n).map(|i| backend.budget(i)).max().unwrap_or_default();
-            f(now + longest + DELIVERY_GRACE + longest)
+            (g, drift_factor, now + longest + DELIVERY_GRACE + longest)
         });
+        let mut passed = now;
         let mut calls = Vec::with_capacity(n);
         for i in 0..n {
             let budget = backend.budget(i);
@@ -620,41 +626,20 @@ impl<B: Backend> Phase<B> {
                     );
                     (request, now + patience + budget)
                 }
-                // A node spared, or one that refused the acquire of a lock whose release is
-                // bounded: nothing of the lock is there.
-                (None, None)
-                    if spared.get(i) == Some(&true)
-                        || bounded
-                            .as_ref()
-                            .is_some_and(|b| b.deletes[i] == Delete::NothingThere) =>
-                {
+                (None, None) if spared.get(i) == Some(&true) => {
                     let nothing: BoxFuture<'static, _> =
                         Box::pin(std::future::ready(Ok(Reply::No)));
                     (nothing, now + budget)
                 }
-                // A node a bounded release has no clock of: not sent (see
-                // `Granted::release_deadlines`), and not a confirmation.
-                (None, None)
-                    if bounded
-                        .as_ref()
-                        .is_some_and(|b| b.deletes[i] == Delete::Unbounded) =>
-                {
-                    let withheld: BoxFuture<'static, _> = Box::pin(std::future::ready(Err(
-                        NodeError::new(NodeErrorKind::Withdrawn, WITHHELD),
-                    )));
-                    (withheld, now + budget)
-                }
-                (None, None) => {
-                    let before = bounded.as_ref().and_then(|b| match b.deletes[i] {
-                        Delete::Before(us) => Some(us),
-                        _ => None,
-                    });
-                    let op = match before.and_then(|us| op.before(us)) {
-                        Some(bounded) => Arc::new(bounded),
-                        None => Arc::clone(&op),
-                    };
-                    (backend.call(i, op), now + budget)
-                }
+                (None, None) => match &bounded {
+                    Some((g, drift_factor, settles_by)) => {
+                        let (request, by) =
+                            g.release_request(backend, i, &op, *settles_by, *drift_factor);
+                        passed = passed.max(by);
+                        (request, now + budget)
+                    }
+                    None => (backend.call(i, Arc::clone(&op)), now + budget),
+                },
             };
             calls.push(Call {
                 request: Some(handed_over(request)),
@@ -669,9 +654,9 @@ impl<B: Backend> Phase<B> {
             let mut st = lock(&state);
             st.last_deadline = last_deadline;
             st.settles_by = last_deadline + DELIVERY_GRACE + (last_deadline - now);
-            if let Some(b) = &bounded {
+            if bounded.is_some() {
                 st.deletes = true;
-                st.settles_by = st.settles_by.max(b.passed);
+                st.settles_by = st.settles_by.max(passed);
             }
         }
         let earliest = calls.iter().map(|c| c.deadline).min().unwrap_or(give_up);
@@ -866,36 +851,29 @@ impl Unanswered {
     }
 }
 
-/// A release's terms for [`Phase::launch`]: the nodes it spares, and the deadlines of its
-/// deletes on the nodes' clocks, given when the phase settles (see
-/// [`Granted::release_deadlines`]).
+/// A release's terms for [`Phase::launch`]: the nodes it spares, and, for a lock taken with the
+/// caller's token, the lock's grants and the drift factor, by which its deletes are bounded
+/// (see [`Granted::release_request`]).
 #[derive(Default)]
 struct Deletes<'a> {
     spared: &'a [bool],
-    bounds: Option<&'a dyn Fn(Instant) -> Bounds>,
+    bounded: Option<(&'a Granted, f64)>,
 }
 
 /// Why the delete of a bounded release was not sent to a node.
-const WITHHELD: &str = "delete not sent: the node's grant of this lock (taken with the caller's token) was never read, so no deadline on its clock could bound the delete; what the lock left there expires with its TTL";
+const WITHHELD: &str = "delete not sent: this lock (taken with the caller's token) may have written on the node without the node's clock being read, so no deadline on that clock could bound the delete; what the lock left there expires with its TTL";
 
-/// What a bounded release sends a node (see [`Granted::release_deadlines`]).
+/// What a bounded release sends a node (see [`Granted::release_request`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Delete {
     /// A delete that runs up to this moment on the node's clock (µs).
     Before(u64),
-    /// Nothing: the node refused the lock's acquire.
+    /// Nothing: nothing of the lock is there (the node refused its acquire, and no put-back
+    /// reached it).
     NothingThere,
-    /// Nothing: a delete would have no deadline (the node's grant was never read).
+    /// Nothing: a delete would have no deadline (the lock may have written there, but the
+    /// node's clock was never read).
     Unbounded,
-}
-
-/// The deadlines of a release's deletes on the nodes' clocks (see
-/// [`Granted::release_deadlines`]).
-pub(crate) struct Bounds {
-    /// By node.
-    deletes: Vec<Delete>,
-    /// When every bounded delete has surely passed its deadline.
-    passed: Instant,
 }
 
 /// The claims of a kept acquire, including grants that arrived after the quorum decision.
@@ -919,73 +897,167 @@ impl Granted {
         lock(&self.0).own_token
     }
 
-    /// Waits — at most until the acquire's last node deadline and a grace — until every node's
-    /// answer to the acquire is recorded, a late one too, or will not be read: a grant read but
-    /// not yet recorded (its driver runs in a task of its own), or answered after its node
-    /// timed out, has its clock then. A node whose grant came after its timeout had no clock,
-    /// and its release sent it nothing: the key stayed for its TTL and a waiter slept out its
-    /// 2 s retry delay (`local_fifo::a_waiter_waits_for_the_release_to_reach_the_node_it_asks_
-    /// first`, a node 35 ms away each way with a 50 ms node timeout). Released at once after the decision, a node whose grant was
-    /// not recorded yet had no clock: sent an unbounded delete, it landed after a re-claim and
-    /// took its key there (1 run in 4 of `reclaim_attacks::a_release_landing_after_its_deadline_
-    /// does_not_delete_the_reclaimed_lock`); spared, it counted as having nothing to delete,
-    /// and the release said done with the key still there (3 runs in 9 of the same test).
-    pub(crate) async fn answers(&self) {
-        let until = lock(&self.0).last_deadline + DELIVERY_GRACE;
-        Unanswered(Arc::clone(&self.0))
-            .wait(until, |st| {
-                !st.unfollowed && st.slots.iter().any(|s| !s.answered)
-            })
-            .await;
+    /// A renewal's put-back of the lock's keys was handed to node `i` (see
+    /// [`Granted::repair_done`]): the lock's release waits for its answer there.
+    pub(crate) fn repair_sent(&self, i: usize) {
+        changed(&self.0, |st| {
+            if let Some(s) = st.slots.get_mut(i) {
+                s.repairing += 1;
+            }
+        });
     }
 
-    /// For a release of the lock whose deletes may land until `settles_by`: each node's
-    /// deadline on its clock (µs), from the clock it answered before its grant — late enough
-    /// that a delete landing by `settles_by` runs, while the node's clock counts at most
-    /// `1 + drift_factor` of the real time — and when every node's clock has surely passed its
-    /// deadline, counting at least `1 - drift_factor` of it. A delete written later deletes
-    /// nothing, so the next attempt with the token, sent after that, cannot lose its keys to
-    /// it. A node that refused the acquire is sent nothing (it holds none of the lock); nor is
-    /// one whose grant was never read (see [`Granted::answers`]), and it does not count as
-    /// confirming: a delete with no deadline, landing at any time, might take what a re-claim
-    /// keeps there, and what the acquire left on it, if anything, expires with the TTL (the rule
-    /// of the attempt's own cleanup, see `State::own_token`). Counted as confirming, a release
-    /// said done while the keys stayed on a majority (a node whose grant was delayed 2.5 s, and
-    /// another whose delete came after its deadline).
+    /// The put-back sent to node `i` answered (`Some(Ok(clock))`: granted, with the node's
+    /// clock; `Some(Err(()))`: refused), or not (`None`: timed out or failed, so it may have
+    /// written).
+    pub(crate) fn repair_done(&self, i: usize, answer: Option<Result<Option<u64>, ()>>) {
+        let read = Instant::now();
+        changed(&self.0, |st| {
+            let own_token = st.own_token;
+            if let Some(s) = st.slots.get_mut(i) {
+                s.repairing = s.repairing.saturating_sub(1);
+                match answer {
+                    Some(Ok(clock)) => {
+                        if own_token && s.clock.is_none() {
+                            s.clock = clock.map(|at| (at, read));
+                        }
+                        s.put_back |= s.clock.is_none();
+                    }
+                    Some(Err(())) => {}
+                    None => s.put_back = true,
+                }
+            }
+        });
+    }
+
+    /// The release's request to node `i` for a lock taken with the caller's token, whose deletes
+    /// may land until `settles_by`, and when the node's clock has surely passed its deadline.
     ///
-    /// The longer the lock was held, the wider the two bounds apart: a re-claim after a release
-    /// with a delete unanswered waits about `2 · drift_factor` of the time since the grant.
-    pub(crate) fn release_deadlines(&self, settles_by: Instant, drift_factor: f64) -> Bounds {
-        let st = lock(&self.0);
-        let fast = 1.0 + drift_factor;
+    /// The deadline on the node's clock (µs) counts from the clock the node answered before its
+    /// grant (or a put-back's) — late enough that a delete landing by `settles_by` runs, while
+    /// the node's clock counts at most `1 + drift_factor` of the real time — and the node's
+    /// clock has surely passed it once it counted at least `1 - drift_factor` of the real time
+    /// since. A delete written later deletes nothing, so the next attempt with the token, sent
+    /// after that, cannot lose its keys to it. The longer the lock was held, the wider the two
+    /// bounds apart: a re-claim after a release with a delete unanswered waits about
+    /// `2 · drift_factor` of the time since the grant more.
+    ///
+    /// A node whose answer to the acquire (or to a put-back) is still out gets its delete once
+    /// that answer is in, with its clock (released at once after the decision, a grant not yet
+    /// recorded had no clock; one read after its node's timeout was never bounded). A node that
+    /// refused the acquire, and that no put-back reached, gets nothing and counts as having
+    /// nothing to delete. A node the lock may have written on without its clock being read (no
+    /// answer in time, an error, a put-back that did not answer) gets nothing either — a delete
+    /// with no deadline, landing at any time, might take what a re-claim keeps there — and
+    /// counts as unknown ([`NodeErrorKind::Withdrawn`]): what is there expires with the TTL.
+    fn release_request<B: Backend>(
+        &self,
+        backend: &Arc<B>,
+        i: usize,
+        op: &Arc<Op>,
+        settles_by: Instant,
+        drift_factor: f64,
+    ) -> (BoxFuture<'static, Result<Reply, NodeError>>, Instant) {
+        let (still_out, (delete, passed)) = {
+            let st = lock(&self.0);
+            (
+                Self::still_out(&st, i),
+                Self::delete_for(&st, i, settles_by, drift_factor),
+            )
+        };
+        if !still_out {
+            return (Self::send(backend, i, op, delete), passed);
+        }
+        // Sent once the answer is in, or the acquire's driver (or the put-back) gave up.
+        let granted = self.clone();
+        let (backend, op) = (Arc::clone(backend), Arc::clone(op));
+        let request = Box::pin(async move {
+            Unanswered(Arc::clone(&granted.0))
+                .wait(settles_by, |st| Self::still_out(st, i))
+                .await;
+            let (delete, _) = Self::delete_for(&lock(&granted.0), i, settles_by, drift_factor);
+            Self::send(&backend, i, &op, delete).await
+        });
+        // Its clock is read by `settles_by` at the latest: the node's clock has surely passed
+        // the deadline by then plus the bound's span.
+        let (_, latest) = Self::bound(
+            0,
+            settles_by,
+            settles_by,
+            lock(&self.0).started,
+            drift_factor,
+        );
+        (request, passed.max(latest))
+    }
+
+    /// Whether node `i`'s answer to the acquire, or to a put-back, is still to come.
+    fn still_out(st: &State, i: usize) -> bool {
+        st.slots
+            .get(i)
+            .is_some_and(|s| (!s.answered && !st.unfollowed) || s.repairing > 0)
+    }
+
+    /// What the release sends node `i` (see [`Granted::release_request`]), and by when the
+    /// node's clock has surely passed its deadline.
+    fn delete_for(
+        st: &State,
+        i: usize,
+        settles_by: Instant,
+        drift_factor: f64,
+    ) -> (Delete, Instant) {
+        let Some(s) = st.slots.get(i) else {
+            return (Delete::Unbounded, settles_by);
+        };
+        match s.clock {
+            Some((at, read)) => {
+                let (before, passed) = Self::bound(at, read, settles_by, st.started, drift_factor);
+                (Delete::Before(before), passed)
+            }
+            None if s.outcome == NodeOutcome::Refused && !s.put_back && s.repairing == 0 => {
+                (Delete::NothingThere, settles_by)
+            }
+            None => (Delete::Unbounded, settles_by),
+        }
+    }
+
+    /// The deadline on a node's clock that `at` (read by `read`, after `started`) bounds for a
+    /// delete landing by `settles_by`, and when the node's clock has surely passed it.
+    fn bound(
+        at: u64,
+        read: Instant,
+        settles_by: Instant,
+        started: Instant,
+        drift_factor: f64,
+    ) -> (u64, Instant) {
         // `build()` keeps the factor below 0.5.
-        let slow = 1.0 - drift_factor;
+        let (fast, slow) = (1.0 + drift_factor, 1.0 - drift_factor);
         let margin = Duration::from_millis(1);
-        let mut passed = settles_by;
-        let deletes = st
-            .slots
-            .iter()
-            .map(|s| {
-                let Some((at, read)) = s.clock else {
-                    return match s.outcome {
-                        NodeOutcome::Refused => Delete::NothingThere,
-                        _ => Delete::Unbounded,
-                    };
-                };
-                // The node's clock at `settles_by` is at most this far past `at`: it was read
-                // after the attempt started.
-                let upto = settles_by
-                    .saturating_duration_since(st.started)
-                    .mul_f64(fast)
-                    + margin;
-                // And at least `slow` of the time since its answer was read.
-                passed = passed.max(read + upto.div_f64(slow) + margin);
-                Delete::Before(
-                    at.saturating_add(u64::try_from(upto.as_micros()).unwrap_or(u64::MAX)),
-                )
-            })
-            .collect();
-        Bounds { deletes, passed }
+        // The node's clock at `settles_by` is at most this far past `at`: it was read after
+        // the attempt started.
+        let upto = settles_by.saturating_duration_since(started).mul_f64(fast) + margin;
+        let before = at.saturating_add(u64::try_from(upto.as_micros()).unwrap_or(u64::MAX));
+        // And at least `slow` of the time since its answer was read.
+        (before, read + upto.div_f64(slow) + margin)
+    }
+
+    /// The request for `delete`.
+    fn send<B: Backend>(
+        backend: &Arc<B>,
+        i: usize,
+        op: &Arc<Op>,
+        delete: Delete,
+    ) -> BoxFuture<'static, Result<Reply, NodeError>> {
+        match delete {
+            Delete::Before(us) => match op.before(us) {
+                Some(bounded) => backend.call(i, Arc::new(bounded)),
+                None => backend.call(i, Arc::clone(op)),
+            },
+            Delete::NothingThere => Box::pin(std::future::ready(Ok(Reply::No))),
+            Delete::Unbounded => Box::pin(std::future::ready(Err(NodeError::new(
+                NodeErrorKind::Withdrawn,
+                WITHHELD,
+            )))),
+        }
     }
 
     /// Whether the lock's requests left the client for each node (see [`Reach`]).
@@ -1441,7 +1513,7 @@ impl<B: Backend> Future for Driver<B> {
                 // A late answer, after its node was recorded as timed out: a release's delete
                 // that answered is done on the node; a late grant of an attempt with the
                 // caller's token has the node's clock, by which the lock's release bounds its
-                // delete there (see `Granted::release_deadlines`).
+                // delete there (see `Granted::release_request`).
                 if this.follows_late {
                     let done = answer
                         .as_ref()

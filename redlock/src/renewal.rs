@@ -640,19 +640,42 @@ fn repair<B: Backend>(backend: &Arc<B>, node_timeout: Duration, held: &Arc<Held>
     if *done || held.lost.is_cancelled() {
         return;
     }
+    // A lock taken with the caller's token bounds its release's deletes by the nodes' clocks:
+    // its release waits for the put-back's answer, which has the node's clock (see
+    // `engine::Granted::release_request`).
+    let own_token = held
+        .granted
+        .clone()
+        .filter(crate::engine::Granted::own_token);
     for &i in nodes {
+        if let Some(g) = &own_token {
+            g.repair_sent(i);
+        }
         let call = engine::handed_over(backend.call(i, Arc::clone(&op)));
         let node = backend.name(i).clone();
+        let own_token = own_token.clone();
         tokio::spawn(async move {
-            match tokio::time::timeout(node_timeout + engine::DELIVERY_GRACE, call).await {
-                Ok(Ok(crate::backend::Reply::Yes { .. })) => {
+            let answer = tokio::time::timeout(node_timeout + engine::DELIVERY_GRACE, call).await;
+            let heard = match &answer {
+                Ok(Ok(crate::backend::Reply::Yes { at_us, .. })) => {
                     tracing::debug!(%node, "renewal put back keys the node had lost");
+                    Some(Ok(*at_us))
                 }
                 Ok(Ok(_)) => {
-                    tracing::debug!(%node, "keys lost by the node are held by another owner there")
+                    tracing::debug!(%node, "keys lost by the node are held by another owner there");
+                    Some(Err(()))
                 }
-                Ok(Err(e)) => tracing::debug!(%node, error = %e, "repair not done"),
-                Err(_) => tracing::debug!(%node, "repair timed out"),
+                Ok(Err(e)) => {
+                    tracing::debug!(%node, error = %e, "repair not done");
+                    None
+                }
+                Err(_) => {
+                    tracing::debug!(%node, "repair timed out");
+                    None
+                }
+            };
+            if let Some(g) = own_token {
+                g.repair_done(i, heard);
             }
         });
     }

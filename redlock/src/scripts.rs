@@ -311,7 +311,8 @@ pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
 
 /// [`RELEASE`] with a deadline on the node's clock: `ARGV[1]` = the last moment (`TIME`, µs)
 /// at which it may still delete, then [`RELEASE`]'s arguments. Past it, it does nothing and
-/// answers `{0, -1}`.
+/// answers `{-1, -1}`: not "nothing to delete" (counted as such, a release after a node's clock
+/// stepped forward said done while the keys stayed there, found in review).
 ///
 /// The cleanup of an attempt with the caller's token deletes by that token, and the keys
 /// holding it may meanwhile stand for the lock taken again with it. The next attempt with the
@@ -327,7 +328,7 @@ pub(crate) static RELEASE_BEFORE: LazyLock<LuaScript> = LazyLock::new(|| {
         "{}{RELEASE_BODY}",
         r"
 local t = redis.call('TIME')
-if tonumber(t[1]) * 1000000 + tonumber(t[2]) > tonumber(ARGV[1]) then return {0, -1} end
+if tonumber(t[1]) * 1000000 + tonumber(t[2]) > tonumber(ARGV[1]) then return {-1, -1} end
 local o = 1"
     );
     LuaScript::new(source.leak())
@@ -353,7 +354,7 @@ local o = 1"
 /// Answers, in one flat array, per request: what its own script answers (the stamp for `A`,
 /// `−(10 + value)` for a grant that kept a key holding its token already (see [`KEPT`]), −2
 /// for an acquire when the identity record changed) — for `R` and `T` two entries, `removed` then
-/// `heard`, written once the release has run; for `B` and `V` two entries, the answer then the
+/// `heard`, written once the release has run (`removed` −1 for a `T` past its deadline); for `B` and `V` two entries, the answer then the
 /// clock read before the grant — or, for a request that raised an error, one string starting
 /// with `E` instead.
 /// Stamps issued in one batch are strictly increasing, continuing from the node's last stamp.
@@ -442,7 +443,7 @@ local function run(kind, k, n, a)
     local o = 0
     if kind == 'T' then
       o = 1
-      if clock() > tonumber(ARGV[a + 5]) then n = 0; heard = -1 end
+      if clock() > tonumber(ARGV[a + 5]) then n = 0; heard = -1; done = -1 end
     end
     for i = 0, n - 1 do
       if redis.call('GET', KEYS[k + i]) == token then

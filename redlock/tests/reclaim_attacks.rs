@@ -40,28 +40,6 @@ async fn two_paths(delay: Duration) -> (Cluster, Redlock, Redlock, Redlock) {
     (cluster, x, y, rival)
 }
 
-/// Asserts that the re-claimed `lock` on `resource` still says valid and that `rival` cannot
-/// take it: its keys are where it counts them.
-async fn assert_one_holder(
-    cluster: &Cluster,
-    rival: &Redlock,
-    resource: &str,
-    lock: &redlock::Lock,
-) {
-    let pttls = common::pttls(cluster, &format!("redlock:lock:{resource}")).await;
-    let rival_got = rival.try_acquire(resource).await;
-    println!(
-        "PTTL {pttls:?}; the re-claimed lock valid for {:?}; rival: {:?}",
-        lock.remaining(),
-        common::shown(&rival_got)
-    );
-    assert!(lock.is_valid());
-    assert!(
-        rival_got.is_err(),
-        "two holders: a rival took the lock while the re-claimed lock was valid (PTTL {pttls:?})"
-    );
-}
-
 /// X, through proxies with 150 ms links, is cut short at 200 ms in a short-lived runtime; the
 /// task following its requests reads their answers ("created") at about 300 ms and sends the
 /// cleanup, and the runtime is dropped at about 340 ms, with that cleanup on its way (it lands
@@ -101,7 +79,7 @@ fn a_cleanup_on_its_way_when_its_runtime_is_dropped_is_waited_for() {
             .expect("the re-claim takes the lock");
         println!("re-claimed after {:?}", started.elapsed());
         tokio::time::sleep(Duration::from_millis(400)).await;
-        assert_one_holder(&cluster, &rival, "in-transit", &lock).await;
+        common::assert_one_holder(&cluster, &rival, "in-transit", &lock).await;
     });
 }
 
@@ -346,7 +324,7 @@ async fn a_reclaim_polled_again_after_its_deadlines_deletes_nothing() {
         .expect("the re-claim keeps the keys holding the token");
     drop(kept);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_one_holder(&cluster, &rival, "late-drop", &lock).await;
+    common::assert_one_holder(&cluster, &rival, "late-drop", &lock).await;
 }
 
 /// A re-claim W waits for an attempt E that has not started; E's place ends at 2.1 s (its
@@ -503,7 +481,12 @@ fn cleanup_queued_in_an_idle_runtime(stamps: bool, stamp_ahead: Duration) {
         "X's cleanup was written to {late} of 3 nodes while its runtime ran, not a majority: \
          {before:?} -> {after:?}"
     );
-    main.block_on(assert_one_holder(&cluster, &rival, "idle-runtime", &lock));
+    main.block_on(common::assert_one_holder(
+        &cluster,
+        &rival,
+        "idle-runtime",
+        &lock,
+    ));
 }
 
 #[test]
@@ -646,7 +629,7 @@ async fn cleanup_held_in_the_network(stamps: bool) {
     for link in &links {
         link.heal();
     }
-    assert_one_holder(&cluster, &rival, resource, &lock).await;
+    common::assert_one_holder(&cluster, &rival, resource, &lock).await;
 }
 
 /// X's connections live in a runtime of their own (C), its attempts in the main one. Its
@@ -699,7 +682,7 @@ fn a_cleanup_whose_connection_died_on_its_way_does_not_delete_the_reclaimed_lock
         for link in &links {
             link.heal();
         }
-        assert_one_holder(&cluster, &rival, resource, &lock).await;
+        common::assert_one_holder(&cluster, &rival, resource, &lock).await;
     });
 }
 
@@ -763,7 +746,7 @@ async fn reclaim_after_a_failed_release(resource: &str, delay: Duration) -> Dura
         pttls.iter().all(|&ms| ms > 0),
         "a late delete took a key of the re-claimed lock: PTTL {pttls:?}"
     );
-    assert_one_holder(&cluster, &rival, resource, &lock).await;
+    common::assert_one_holder(&cluster, &rival, resource, &lock).await;
     took
 }
 
@@ -818,10 +801,11 @@ async fn a_reclaim_right_after_a_release_on_healthy_nodes_does_not_wait() {
 
 /// X takes a lock with its own token while node 2's link takes 1.5 s each way: nodes 0 and 1
 /// grant, node 2's grant is never read (its node timeout and the 1 s grace end first), and it
-/// has no clock to bound a delete by. The release sends it none and reports it as withheld —
-/// not as confirming that nothing of the lock is there (the first cut counted it as refused,
-/// and a release could say done while the keys stayed on a majority). The key the grant left
-/// there expires with its TTL.
+/// has no clock to bound a delete by. The release's delete to it waits for that answer and,
+/// when none comes, is not sent — not counted as confirming either (a first cut counted it as
+/// refused, and a release could say done while the keys stayed on a majority). The key the
+/// grant left there expires with its TTL; an unbounded delete, sent behind the grant, would
+/// have taken it (and could as well have taken a re-claim's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_sends_no_unbounded_delete_to_a_node_whose_grant_was_never_read() {
     let cluster = common::proxied(3).await;
@@ -838,12 +822,15 @@ async fn a_release_sends_no_unbounded_delete_to_a_node_whose_grant_was_never_rea
     let outcomes: Vec<String> = report.nodes.iter().map(|n| n.outcome.to_string()).collect();
     println!("release: {outcomes:?}");
     assert!(
-        matches!(&report.nodes[2].outcome, redlock::NodeOutcome::Failed(e) if e.kind() == redlock::NodeErrorKind::Withdrawn),
+        !matches!(
+            report.nodes[2].outcome,
+            redlock::NodeOutcome::Confirmed | redlock::NodeOutcome::Refused
+        ),
         "node 2: {}",
         report.nodes[2].outcome
     );
-    // The grant landed at 1.5 s and stays; nodes 0 and 1 were released.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The grant lands at 1.5 s and stays; nodes 0 and 1 were released.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
     slow.set_delay(Duration::ZERO, Duration::ZERO);
     let pttls = common::pttls(&cluster, "redlock:lock:unread-grant").await;
     println!("PTTL {pttls:?}");

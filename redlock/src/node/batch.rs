@@ -522,7 +522,7 @@ impl RedisNode {
                     Op::Acquire { stamped, .. } => self.acquired(live, stamped, None, n),
                     Op::Release { .. } => match entries.next() {
                         Some(redis::Value::Int(heard)) => {
-                            Ok(Reply::released(n, u32::try_from(heard).ok()))
+                            Reply::released_before(n, u32::try_from(heard).ok())
                         }
                         _ => break,
                     },

@@ -973,7 +973,7 @@ impl RedisNode {
                     None => &scripts::RELEASE,
                 };
                 let (n, heard): (i64, i64) = self.eval(&live, script, &keys, &args, t).await?;
-                Ok(Reply::released(n, u32::try_from(heard).ok()))
+                Reply::released_before(n, u32::try_from(heard).ok())
             }
         }
     }
@@ -1419,7 +1419,8 @@ mod tests {
     }
 
     /// A release with a deadline on the node's clock deletes until then and nothing after, on
-    /// its own (`RELEASE_BEFORE`) and in a batch (`T`); an acquire that re-arms a token answers
+    /// its own (`RELEASE_BEFORE`) and in a batch (`T`), and after it answers so (not "nothing
+    /// there"); an acquire that re-arms a token answers
     /// the node's clock, with stamps and without, on its own and in a batch (`B`, `V`) — the
     /// clock, not the stamp, which here is an hour ahead of it.
     #[tokio::test(flavor = "current_thread")]
@@ -1525,8 +1526,10 @@ mod tests {
             [false, true, false, true],
             "deleted before the deadline only"
         );
-        assert!(matches!(alone[0], Ok(Reply::Yes { .. })) && alone[1] == Ok(Reply::No));
-        assert!(matches!(batch[0], Ok(Reply::Yes { .. })) && batch[1] == Ok(Reply::No));
+        // Past its deadline a delete says so, rather than that nothing was there.
+        let past = |r: &Result<Reply, NodeError>| matches!(r, Err(e) if e.kind() == NodeErrorKind::Server && e.message().contains("deadline"));
+        assert!(matches!(alone[0], Ok(Reply::Yes { .. })) && past(&alone[1]));
+        assert!(matches!(batch[0], Ok(Reply::Yes { .. })) && past(&batch[1]));
         for at in clocks {
             assert!(
                 at.is_some_and(|at| now <= at && at < soon),

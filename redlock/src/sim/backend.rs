@@ -383,9 +383,10 @@ impl SimNode {
                 .await?
             }
         };
-        match n {
-            Resp::Int(n) => Ok(Reply::counted(n)),
-            other => Err(unexpected(&other)),
+        match (n, op) {
+            (Resp::Int(n), Op::Release { .. }) => Reply::released_before(n, None),
+            (Resp::Int(n), _) => Ok(Reply::counted(n)),
+            (other, _) => Err(unexpected(&other)),
         }
     }
 }

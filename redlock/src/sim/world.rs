@@ -543,7 +543,7 @@ impl Node {
                 before_us,
             } => {
                 if before_us.is_some_and(|b| u64::try_from(us).map_or(true, |us| us > b)) {
-                    return Resp::Int(0);
+                    return Resp::Int(-1);
                 }
                 let mut n = 0;
                 for (i, k) in keys.iter().enumerate() {

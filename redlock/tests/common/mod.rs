@@ -349,3 +349,25 @@ pub async fn handed_off(
     let lock = got.expect("the waiter acquires");
     (lock, acquired.saturating_duration_since(released))
 }
+
+/// Asserts that the re-claimed `lock` on `resource` still says valid and that `rival` cannot
+/// take it: its keys are where it counts them.
+pub async fn assert_one_holder(
+    cluster: &Cluster,
+    rival: &Redlock,
+    resource: &str,
+    lock: &redlock::Lock,
+) {
+    let pttls = pttls(cluster, &format!("redlock:lock:{resource}")).await;
+    let rival_got = rival.try_acquire(resource).await;
+    println!(
+        "PTTL {pttls:?}; the re-claimed lock valid for {:?}; rival: {:?}",
+        lock.remaining(),
+        shown(&rival_got)
+    );
+    assert!(lock.is_valid());
+    assert!(
+        rival_got.is_err(),
+        "two holders: a rival took the lock while the re-claimed lock was valid (PTTL {pttls:?})"
+    );
+}
