@@ -165,6 +165,11 @@ impl Reach {
         self.0[self.nodes()].store(WITHDRAWN, Ordering::Release);
     }
 
+    /// Whether the lock's token left the library (see [`Reach::pin`]).
+    pub(crate) fn pinned(&self) -> bool {
+        self.0[self.nodes()].load(Ordering::Acquire) != UNKNOWN
+    }
+
     /// Withdraws the lock's requests to `node` that are still waiting in this client, if
     /// every one of its requests there is: then none of them ever reached the node, nor ever
     /// will, and it needs no release. `false` when one may have been sent, or nothing is known.

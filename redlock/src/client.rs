@@ -258,7 +258,8 @@ impl Redlock {
     /// being read (it never answered the acquire with a grant or a refusal; never counted as
     /// confirming): what is there expires with the TTL. After a failed release of a lock taken
     /// with a fresh token whose token you read ([`Lock::token`]), re-take it with a fresh token:
-    /// such a release has no node clock to bound its deletes by, and is not waited for.
+    /// such a release has no node clock to bound its deletes by, and is waited for only while
+    /// it waits for their answers.
     ///
     /// # Cancel safety
     /// As [`Redlock::acquire`], with the cleanup limited as above.

@@ -1509,6 +1509,11 @@ fn start_release<B: Backend>(
     keys: &Names,
 ) -> (Phase<B>, Option<Vec<bool>>) {
     let own_token = granted.filter(|g| g.own_token());
+    // A lock whose token the caller read may be re-claimed with it too; no node clock bounds
+    // its deletes, but the re-claim waits for them as long as the release may still wait for
+    // their answers (its node timeout, the 1 s grace, its node timeout again): deletes held up
+    // for longer can still take the re-claimed keys (docs/protocol.md).
+    let pinned = own_token.is_none() && granted.is_some_and(engine::Granted::pinned);
     let spared = granted.map(engine::Granted::withdraw_unsent);
     let phase = Phase::release(
         backend,
@@ -1516,8 +1521,9 @@ fn start_release<B: Backend>(
         spared.as_deref().unwrap_or(&[]),
         own_token,
         drift_factor,
+        pinned,
     );
-    if own_token.is_some()
+    if (own_token.is_some() || pinned)
         && let Some(deletes) = phase.unanswered()
     {
         crate::reclaim::register(token, keys, deletes);

@@ -537,13 +537,16 @@ impl<B: Backend> Phase<B> {
     /// The release of a lock taken with the caller's token (`own_token`) bounds each delete by a
     /// deadline on its node's clock and counts as unsettled until every delete answered or
     /// surely passed its deadline (see [`Granted::release_request`]); the next attempt with
-    /// the token waits for it (see `reclaim`).
+    /// the token waits for it (see `reclaim`). With `waited`, the next attempt with the token
+    /// waits for the deletes until they answered or the phase settles, bounded or not (a lock
+    /// whose token was handed to the caller: no node clock bounds its deletes).
     pub(crate) fn release(
         backend: &Arc<B>,
         op: Arc<Op>,
         spared: &[bool],
         own_token: Option<&Granted>,
         drift_factor: f64,
+        waited: bool,
     ) -> Self {
         Self::launch(
             backend,
@@ -555,6 +558,7 @@ impl<B: Backend> Phase<B> {
             Deletes {
                 spared,
                 bounded: own_token.map(|g| (g, drift_factor)),
+                waited,
             },
         )
     }
@@ -566,7 +570,11 @@ impl<B: Backend> Phase<B> {
         goal: Goal,
         cleanup: Option<Arc<Op>>,
         first: Option<First>,
-        Deletes { spared, bounded }: Deletes<'_>,
+        Deletes {
+            spared,
+            bounded,
+            waited,
+        }: Deletes<'_>,
     ) -> Self {
         let n = backend.len();
         let (own_token, reach) = match &*op {
@@ -654,7 +662,7 @@ impl<B: Backend> Phase<B> {
             let mut st = lock(&state);
             st.last_deadline = last_deadline;
             st.settles_by = last_deadline + DELIVERY_GRACE + (last_deadline - now);
-            if bounded.is_some() {
+            if waited || bounded.is_some() {
                 st.deletes = true;
                 st.settles_by = st.settles_by.max(passed);
             }
@@ -669,7 +677,7 @@ impl<B: Backend> Phase<B> {
             give_up,
             cleanup: cleanup.clone(),
             phase: name,
-            follows_late: bounded.is_some() || own_token,
+            follows_late: waited || bounded.is_some() || own_token,
         };
         Self {
             backend: Arc::clone(backend),
@@ -858,6 +866,9 @@ impl Unanswered {
 struct Deletes<'a> {
     spared: &'a [bool],
     bounded: Option<(&'a Granted, f64)>,
+    /// The next attempt with the lock's token waits for the deletes (see `State::deletes`):
+    /// bounded ones, or those of a lock whose token was handed to the caller.
+    waited: bool,
 }
 
 /// Why the delete of a bounded release was not sent to a node.
@@ -1063,6 +1074,11 @@ impl Granted {
     /// Whether the lock's requests left the client for each node (see [`Reach`]).
     pub(crate) fn reach(&self) -> Option<Reach> {
         lock(&self.0).reach.clone()
+    }
+
+    /// Whether the lock's token was handed to the caller (see [`Granted::pin`]).
+    pub(crate) fn pinned(&self) -> bool {
+        lock(&self.0).reach.as_ref().is_some_and(Reach::pinned)
     }
 
     /// The lock's token was handed to the caller: its release spares no node (see [`Reach`]).

@@ -166,8 +166,9 @@ impl Lock {
     /// Reading it means it may be handed on (see [`Redlock::try_acquire_with_token`]): the
     /// lock's release then goes to every node, even one none of its own requests reached.
     /// Unless the lock was itself taken with `try_acquire_with_token`, a re-claim with this
-    /// token does not wait for the deletes of a failed release of this lock, which can take
-    /// its keys: after a failed release, re-take the lock with a fresh token.
+    /// token waits for the deletes of a failed release of this lock only while the release
+    /// waits for their answers (about twice the node timeout plus one second); later ones can
+    /// take its keys: after a failed release, re-take the lock with a fresh token.
     ///
     /// [`Redlock::try_acquire_with_token`]: crate::Redlock::try_acquire_with_token
     pub fn token(&self) -> &Token {
