@@ -253,7 +253,8 @@ impl Redlock {
     /// The release of a lock taken with this method is waited for the same way: its deletes
     /// carry deadlines on the nodes' clocks, and a call after a release whose deletes did not
     /// all answer waits until they did or those deadlines have surely passed — about twice the
-    /// node timeout plus one second, plus `2 · drift_factor` of the time the lock was held. That
+    /// node timeout plus one second, plus `2 · drift_factor` of the time the lock was held (up
+    /// to twice that when a node's answer to the acquire was still out at the release). That
     /// release sends no delete to a node the lock may have written on without the node's clock
     /// being read (it never answered the acquire with a grant or a refusal; never counted as
     /// confirming): what is there expires with the TTL. After a failed release of a lock taken

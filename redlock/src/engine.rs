@@ -270,15 +270,18 @@ struct Slot {
     /// For an attempt with the caller's token, the last moment on the node's clock (µs) at
     /// which the cleanup of its grant there may still delete (see [`cleanup_deadline`]).
     before_us: Option<u64>,
-    /// For an attempt with the caller's token, the node's clock (µs) read before its grant and
-    /// the moment its answer was read here: the release of the lock bounds its delete by it
-    /// (see [`Granted::release_request`]).
-    clock: Option<(u64, Instant)>,
+    /// For an attempt with the caller's token, the node's clock read before its grant (or a
+    /// put-back's): the release of the lock bounds its delete by it (see
+    /// [`Granted::release_request`]).
+    clock: Option<Clock>,
     /// Its request answered (not only timed out): for a release whose deletes are waited for
     /// (`State::deletes`), the delete is done on the node.
     answered: bool,
-    /// Renewals' put-backs of the lock's keys handed to the node and not answered yet.
+    /// Renewals' put-backs of the lock's keys handed to the node and not answered yet, since
+    /// when (the earliest) and until when they may answer (the latest).
     repairing: u32,
+    repair_since: Option<Instant>,
+    repair_until: Option<Instant>,
     /// A put-back may have written the lock's keys on the node without its clock being read.
     put_back: bool,
     /// The cleanup request was sent to it.
@@ -354,6 +357,8 @@ impl State {
                     clock: None,
                     answered: false,
                     repairing: 0,
+                    repair_since: None,
+                    repair_until: None,
                     put_back: false,
                     cleaned: false,
                     cleaning: false,
@@ -398,10 +403,14 @@ impl State {
         slot.heard = heard;
         slot.kept = kept;
         let read = Instant::now();
-        slot.clock = at_us.filter(|_| self.own_token).map(|at| (at, read));
+        slot.clock = at_us.filter(|_| self.own_token).map(|at| Clock {
+            at,
+            sent: self.started,
+            read,
+        });
         slot.before_us = slot
             .clock
-            .map(|(at, _)| cleanup_deadline(at, self.settles_by, read));
+            .map(|c| cleanup_deadline(c.at, self.settles_by, read));
         slot.outcome = outcome;
         if !self.decided
             && let Some(success) = verdict(self.positive, self.pending, self.needed)
@@ -603,9 +612,16 @@ impl<B: Backend> Phase<B> {
         // A release's deletes bounded on the nodes' clocks: each may land until the phase
         // settles (its last deadline, the grace, one longest budget more), and every node's
         // clock has surely passed its deadline by `passed`.
+        // A delete that waits for the acquire's (or a put-back's) answer first is kept going
+        // until that answer may come, and may land one longest budget later: the release's
+        // driver stopped at its own grace and dropped it before a grant read later (its node's
+        // connection being opened), and the key stayed for the TTL (found in review).
+        let longest = (0..n).map(|i| backend.budget(i)).max().unwrap_or_default();
+        let pending_until = bounded.and_then(|(g, _)| g.pending_until());
         let bounded = bounded.map(|(g, drift_factor)| {
-            let longest = (0..n).map(|i| backend.budget(i)).max().unwrap_or_default();
-            (g, drift_factor, now + longest + DELIVERY_GRACE + longest)
+            let own = now + longest + DELIVERY_GRACE + longest;
+            let settles_by = pending_until.map_or(own, |p| own.max(p + longest));
+            (g, drift_factor, settles_by)
         });
         let mut passed = now;
         let mut calls = Vec::with_capacity(n);
@@ -657,7 +673,7 @@ impl<B: Backend> Phase<B> {
             });
         }
         let last_deadline = calls.iter().map(|c| c.deadline).max().unwrap_or(now);
-        let give_up = last_deadline + DELIVERY_GRACE;
+        let give_up = (last_deadline + DELIVERY_GRACE).max(pending_until.unwrap_or(now));
         {
             let mut st = lock(&state);
             st.last_deadline = last_deadline;
@@ -874,6 +890,15 @@ struct Deletes<'a> {
 /// Why the delete of a bounded release was not sent to a node.
 const WITHHELD: &str = "delete not sent: this lock (taken with the caller's token) may have written on the node without the node's clock being read, so no deadline on that clock could bound the delete; what the lock left there expires with its TTL";
 
+/// A node's clock (`TIME`, µs) as an answer read it: `at`, answered to a request sent at `sent`
+/// and read here at `read`.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    at: u64,
+    sent: Instant,
+    read: Instant,
+}
+
 /// What a bounded release sends a node (see [`Granted::release_request`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Delete {
@@ -908,12 +933,15 @@ impl Granted {
         lock(&self.0).own_token
     }
 
-    /// A renewal's put-back of the lock's keys was handed to node `i` (see
-    /// [`Granted::repair_done`]): the lock's release waits for its answer there.
-    pub(crate) fn repair_sent(&self, i: usize) {
+    /// A renewal's put-back of the lock's keys was handed to node `i`, and may answer until
+    /// `until` (see [`Granted::repair_done`]): the lock's release waits for its answer there.
+    pub(crate) fn repair_sent(&self, i: usize, until: Instant) {
+        let now = Instant::now();
         changed(&self.0, |st| {
             if let Some(s) = st.slots.get_mut(i) {
                 s.repairing += 1;
+                s.repair_since = Some(s.repair_since.map_or(now, |t| t.min(now)));
+                s.repair_until = Some(s.repair_until.map_or(until, |t| t.max(until)));
             }
         });
     }
@@ -927,10 +955,17 @@ impl Granted {
             let own_token = st.own_token;
             if let Some(s) = st.slots.get_mut(i) {
                 s.repairing = s.repairing.saturating_sub(1);
+                // Sent no earlier than the earliest put-back still out.
+                let sent = s.repair_since.unwrap_or(read);
+                if s.repairing == 0 {
+                    (s.repair_since, s.repair_until) = (None, None);
+                }
                 match answer {
                     Some(Ok(clock)) => {
-                        if own_token && s.clock.is_none() {
-                            s.clock = clock.map(|at| (at, read));
+                        // The latest reading bounds the delete the closest.
+                        let newer = s.clock.is_none_or(|c| c.sent < sent);
+                        if let (true, true, Some(at)) = (own_token, newer, clock) {
+                            s.clock = Some(Clock { at, sent, read });
                         }
                         s.put_back |= s.clock.is_none();
                     }
@@ -980,25 +1015,50 @@ impl Granted {
             return (Self::send(backend, i, op, delete), passed);
         }
         // Sent once the answer is in, or the acquire's driver (or the put-back) gave up.
+        let (sent, until) = Self::pending(&lock(&self.0), i).unwrap_or((settles_by, settles_by));
         let granted = self.clone();
         let (backend, op) = (Arc::clone(backend), Arc::clone(op));
         let request = Box::pin(async move {
             Unanswered(Arc::clone(&granted.0))
-                .wait(settles_by, |st| Self::still_out(st, i))
+                .wait(until, |st| Self::still_out(st, i))
                 .await;
             let (delete, _) = Self::delete_for(&lock(&granted.0), i, settles_by, drift_factor);
             Self::send(&backend, i, &op, delete).await
         });
-        // Its clock is read by `settles_by` at the latest: the node's clock has surely passed
-        // the deadline by then plus the bound's span.
+        // A clock it answers was read by `until`, after `sent`: the node's clock has surely
+        // passed the deadline by then plus that bound's span.
         let (_, latest) = Self::bound(
-            0,
+            Clock {
+                at: 0,
+                sent,
+                read: until,
+            },
             settles_by,
-            settles_by,
-            lock(&self.0).started,
             drift_factor,
         );
         (request, passed.max(latest))
+    }
+
+    /// For a node whose answer to the acquire or to a put-back is still out: when the earliest
+    /// of those requests was sent, and until when they may answer.
+    fn pending(st: &State, i: usize) -> Option<(Instant, Instant)> {
+        let s = st.slots.get(i)?;
+        let acquire = (!s.answered && !st.unfollowed)
+            .then(|| (st.started, st.last_deadline + DELIVERY_GRACE));
+        let repair = s.repair_since.zip(s.repair_until);
+        match (acquire, repair) {
+            (Some((a, x)), Some((b, y))) => Some((a.min(b), x.max(y))),
+            (one, other) => one.or(other),
+        }
+    }
+
+    /// Until when the answers the release of this lock waits for before sending a delete may
+    /// come (see [`Granted::release_request`]), if any is still out.
+    fn pending_until(&self) -> Option<Instant> {
+        let st = lock(&self.0);
+        (0..st.slots.len())
+            .filter_map(|i| Self::pending(&st, i).map(|(_, until)| until))
+            .max()
     }
 
     /// Whether node `i`'s answer to the acquire, or to a put-back, is still to come.
@@ -1020,8 +1080,8 @@ impl Granted {
             return (Delete::Unbounded, settles_by);
         };
         match s.clock {
-            Some((at, read)) => {
-                let (before, passed) = Self::bound(at, read, settles_by, st.started, drift_factor);
+            Some(clock) => {
+                let (before, passed) = Self::bound(clock, settles_by, drift_factor);
                 (Delete::Before(before), passed)
             }
             None if s.outcome == NodeOutcome::Refused && !s.put_back && s.repairing == 0 => {
@@ -1031,24 +1091,24 @@ impl Granted {
         }
     }
 
-    /// The deadline on a node's clock that `at` (read by `read`, after `started`) bounds for a
-    /// delete landing by `settles_by`, and when the node's clock has surely passed it.
-    fn bound(
-        at: u64,
-        read: Instant,
-        settles_by: Instant,
-        started: Instant,
-        drift_factor: f64,
-    ) -> (u64, Instant) {
+    /// The deadline on a node's clock that `clock` bounds for a delete landing by
+    /// `settles_by`, and when the node's clock has surely passed it.
+    fn bound(clock: Clock, settles_by: Instant, drift_factor: f64) -> (u64, Instant) {
         // `build()` keeps the factor below 0.5.
         let (fast, slow) = (1.0 + drift_factor, 1.0 - drift_factor);
         let margin = Duration::from_millis(1);
         // The node's clock at `settles_by` is at most this far past `at`: it was read after
-        // the attempt started.
-        let upto = settles_by.saturating_duration_since(started).mul_f64(fast) + margin;
-        let before = at.saturating_add(u64::try_from(upto.as_micros()).unwrap_or(u64::MAX));
+        // its request was sent. (Counted from the acquire, a put-back's clock made a re-claim
+        // wait about as long as the lock had been held, found in review.)
+        let upto = settles_by
+            .saturating_duration_since(clock.sent)
+            .mul_f64(fast)
+            + margin;
+        let before = clock
+            .at
+            .saturating_add(u64::try_from(upto.as_micros()).unwrap_or(u64::MAX));
         // And at least `slow` of the time since its answer was read.
-        (before, read + upto.div_f64(slow) + margin)
+        (before, clock.read + upto.div_f64(slow) + margin)
     }
 
     /// The request for `delete`.
@@ -1542,6 +1602,11 @@ impl<B: Backend> Future for Driver<B> {
                     };
                     changed(&this.state, |st| {
                         let own_token = st.own_token;
+                        let clock = clock.map(|(at, read)| Clock {
+                            at,
+                            sent: st.started,
+                            read,
+                        });
                         let slot = &mut st.slots[i];
                         slot.answered |= done;
                         if own_token && clock.is_some() {

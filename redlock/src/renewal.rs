@@ -649,7 +649,7 @@ fn repair<B: Backend>(backend: &Arc<B>, node_timeout: Duration, held: &Arc<Held>
         .filter(crate::engine::Granted::own_token);
     for &i in nodes {
         if let Some(g) = &own_token {
-            g.repair_sent(i);
+            g.repair_sent(i, Instant::now() + node_timeout + engine::DELIVERY_GRACE);
         }
         let call = engine::handed_over(backend.call(i, Arc::clone(&op)));
         let node = backend.name(i).clone();
