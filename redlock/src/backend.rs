@@ -9,10 +9,10 @@ use futures_util::future::BoxFuture;
 
 use crate::claim::Claim;
 use crate::error::{ConfigError, NodeError, NodeErrorKind};
+use crate::token::Token;
 
 /// Why a release bounded on the node's clock deleted nothing.
 const PAST_DEADLINE: &str = "the delete's deadline on the node's clock had passed (its clock stepped forward, or runs faster than the drift factor allows): nothing deleted, and what is there expires with its TTL";
-use crate::token::Token;
 
 /// One request sent to every node of a phase.
 #[derive(Debug)]
@@ -315,8 +315,6 @@ impl Reply {
         }
     }
 
-    /// A release's answer: `Yes` when it deleted anything, with how many subscribers heard
-    /// its wake-up on the node, if known.
     /// A release's answer, or an error when its deadline on the node's clock had passed
     /// (`scripts::RELEASE_BEFORE` answers −1): it deleted nothing, whatever is there.
     pub(crate) fn released_before(n: i64, heard: Option<u32>) -> Result<Self, NodeError> {
@@ -326,6 +324,8 @@ impl Reply {
         Ok(Self::released(n, heard))
     }
 
+    /// A release's answer: `Yes` when it deleted anything, with how many subscribers heard
+    /// its wake-up on the node, if known.
     pub(crate) fn released(n: i64, heard: Option<u32>) -> Self {
         if n > 0 {
             Reply::Yes {

@@ -1508,12 +1508,13 @@ fn start_release<B: Backend>(
     token: &Token,
     keys: &Names,
 ) -> (Phase<B>, Option<Vec<bool>>) {
-    let own_token = granted.filter(|g| g.own_token());
+    let token_use = granted.map_or(engine::TokenUse::Fresh, engine::Granted::token_use);
+    let own_token = granted.filter(|_| token_use == engine::TokenUse::Own);
     // A lock whose token the caller read may be re-claimed with it too; no node clock bounds
     // its deletes, but the re-claim waits for them as long as the release may still wait for
     // their answers (its node timeout, the 1 s grace, its node timeout again): deletes held up
     // for longer can still take the re-claimed keys (docs/protocol.md).
-    let pinned = own_token.is_none() && granted.is_some_and(engine::Granted::pinned);
+    let pinned = token_use == engine::TokenUse::Read;
     let spared = granted.map(engine::Granted::withdraw_unsent);
     let phase = Phase::release(
         backend,

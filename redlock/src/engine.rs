@@ -403,14 +403,10 @@ impl State {
         slot.heard = heard;
         slot.kept = kept;
         let read = Instant::now();
-        slot.clock = at_us.filter(|_| self.own_token).map(|at| Clock {
-            at,
-            sent: self.started,
-            read,
-        });
-        slot.before_us = slot
-            .clock
-            .map(|c| cleanup_deadline(c.at, self.settles_by, read));
+        let clock = self.own_clock(at_us, read);
+        let slot = &mut self.slots[i];
+        slot.clock = clock;
+        slot.before_us = clock.map(|c| cleanup_deadline(c.at, self.settles_by, read));
         slot.outcome = outcome;
         if !self.decided
             && let Some(success) = verdict(self.positive, self.pending, self.needed)
@@ -419,6 +415,16 @@ impl State {
             self.decision = Some(self.snapshot(success));
         }
         self.take_cleanup(i)
+    }
+
+    /// For an attempt with the caller's token, the node's clock `at_us` its answer (read at
+    /// `read`) carried.
+    fn own_clock(&self, at_us: Option<u64>, read: Instant) -> Option<Clock> {
+        at_us.filter(|_| self.own_token).map(|at| Clock {
+            at,
+            sent: self.started,
+            read,
+        })
     }
 
     /// The decision as of now.
@@ -611,14 +617,15 @@ impl<B: Backend> Phase<B> {
         };
         // A release's deletes bounded on the nodes' clocks: each may land until the phase
         // settles (its last deadline, the grace, one longest budget more), and every node's
-        // clock has surely passed its deadline by `passed`.
-        // A delete that waits for the acquire's (or a put-back's) answer first is kept going
-        // until that answer may come, and may land one longest budget later: the release's
-        // driver stopped at its own grace and dropped it before a grant read later (its node's
-        // connection being opened), and the key stayed for the TTL (found in review).
-        let longest = (0..n).map(|i| backend.budget(i)).max().unwrap_or_default();
-        let pending_until = bounded.and_then(|(g, _)| g.pending_until());
+        // clock has surely passed its deadline by `passed`. A delete that waits for the
+        // acquire's (or a put-back's) answer first is kept going until that answer may come,
+        // and may land one longest budget later: the release's driver stopped at its own grace
+        // and dropped it before a grant read later (its node's connection being opened), and
+        // the key stayed for the TTL (found in review).
+        let mut pending_until = None;
         let bounded = bounded.map(|(g, drift_factor)| {
+            let longest = (0..n).map(|i| backend.budget(i)).max().unwrap_or_default();
+            pending_until = g.pending_until();
             let own = now + longest + DELIVERY_GRACE + longest;
             let settles_by = pending_until.map_or(own, |p| own.max(p + longest));
             (g, drift_factor, settles_by)
@@ -912,6 +919,17 @@ enum Delete {
     Unbounded,
 }
 
+/// How a lock's token came about, for its release (see [`Granted::token_use`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TokenUse {
+    /// A fresh token nobody outside the library has seen.
+    Fresh,
+    /// The caller's own (`try_acquire_with_token`).
+    Own,
+    /// A fresh token the caller read (`Lock::token`, `Lease::token`).
+    Read,
+}
+
 /// The claims of a kept acquire, including grants that arrived after the quorum decision.
 #[derive(Clone)]
 pub(crate) struct Granted(Arc<Mutex<State>>);
@@ -1004,23 +1022,22 @@ impl Granted {
         settles_by: Instant,
         drift_factor: f64,
     ) -> (BoxFuture<'static, Result<Reply, NodeError>>, Instant) {
-        let (still_out, (delete, passed)) = {
+        let (pending, (delete, passed)) = {
             let st = lock(&self.0);
             (
-                Self::still_out(&st, i),
+                Self::pending(&st, i),
                 Self::delete_for(&st, i, settles_by, drift_factor),
             )
         };
-        if !still_out {
+        let Some((sent, until)) = pending else {
             return (Self::send(backend, i, op, delete), passed);
-        }
+        };
         // Sent once the answer is in, or the acquire's driver (or the put-back) gave up.
-        let (sent, until) = Self::pending(&lock(&self.0), i).unwrap_or((settles_by, settles_by));
         let granted = self.clone();
         let (backend, op) = (Arc::clone(backend), Arc::clone(op));
         let request = Box::pin(async move {
             Unanswered(Arc::clone(&granted.0))
-                .wait(until, |st| Self::still_out(st, i))
+                .wait(until, |st| Self::pending(st, i).is_some())
                 .await;
             let (delete, _) = Self::delete_for(&lock(&granted.0), i, settles_by, drift_factor);
             Self::send(&backend, i, &op, delete).await
@@ -1039,8 +1056,8 @@ impl Granted {
         (request, passed.max(latest))
     }
 
-    /// For a node whose answer to the acquire or to a put-back is still out: when the earliest
-    /// of those requests was sent, and until when they may answer.
+    /// For a node whose answer to the acquire or to a put-back is still to come: when the
+    /// earliest of those requests was sent, and until when they may answer.
     fn pending(st: &State, i: usize) -> Option<(Instant, Instant)> {
         let s = st.slots.get(i)?;
         let acquire = (!s.answered && !st.unfollowed)
@@ -1059,13 +1076,6 @@ impl Granted {
         (0..st.slots.len())
             .filter_map(|i| Self::pending(&st, i).map(|(_, until)| until))
             .max()
-    }
-
-    /// Whether node `i`'s answer to the acquire, or to a put-back, is still to come.
-    fn still_out(st: &State, i: usize) -> bool {
-        st.slots
-            .get(i)
-            .is_some_and(|s| (!s.answered && !st.unfollowed) || s.repairing > 0)
     }
 
     /// What the release sends node `i` (see [`Granted::release_request`]), and by when the
@@ -1136,9 +1146,17 @@ impl Granted {
         lock(&self.0).reach.clone()
     }
 
-    /// Whether the lock's token was handed to the caller (see [`Granted::pin`]).
-    pub(crate) fn pinned(&self) -> bool {
-        lock(&self.0).reach.as_ref().is_some_and(Reach::pinned)
+    /// Whether the lock was taken with the caller's token, or its token was handed to the
+    /// caller (see [`Granted::pin`]), or neither: who may re-claim it with the token.
+    pub(crate) fn token_use(&self) -> TokenUse {
+        let st = lock(&self.0);
+        if st.own_token {
+            TokenUse::Own
+        } else if st.reach.as_ref().is_some_and(Reach::pinned) {
+            TokenUse::Read
+        } else {
+            TokenUse::Fresh
+        }
     }
 
     /// The lock's token was handed to the caller: its release spares no node (see [`Reach`]).
@@ -1585,37 +1603,6 @@ impl<B: Backend> Future for Driver<B> {
                 continue;
             };
             this.calls[i].request = None;
-            if this.calls[i].settled {
-                // A late answer, after its node was recorded as timed out: a release's delete
-                // that answered is done on the node; a late grant of an attempt with the
-                // caller's token has the node's clock, by which the lock's release bounds its
-                // delete there (see `Granted::release_request`).
-                if this.follows_late {
-                    let done = answer
-                        .as_ref()
-                        .map_or_else(|e| e.kind() != NodeErrorKind::Io, |_| true);
-                    let clock = match &answer {
-                        Ok(Reply::Yes {
-                            at_us: Some(at), ..
-                        }) => Some((*at, Instant::now())),
-                        _ => None,
-                    };
-                    changed(&this.state, |st| {
-                        let own_token = st.own_token;
-                        let clock = clock.map(|(at, read)| Clock {
-                            at,
-                            sent: st.started,
-                            read,
-                        });
-                        let slot = &mut st.slots[i];
-                        slot.answered |= done;
-                        if own_token && clock.is_some() {
-                            slot.clock = clock;
-                        }
-                    });
-                }
-                continue;
-            }
             let (outcome, extras) = match answer {
                 Ok(Reply::Yes {
                     claim,
@@ -1626,7 +1613,23 @@ impl<B: Backend> Future for Driver<B> {
                 Ok(Reply::No) => (NodeOutcome::Refused, Extras::default()),
                 Err(e) => (NodeOutcome::Failed(e), Extras::default()),
             };
-            this.record(i, outcome, extras);
+            if !this.calls[i].settled {
+                this.record(i, outcome, extras);
+            } else if this.follows_late {
+                // A late answer, after its node was recorded as timed out: a release's delete
+                // that answered is done on the node; a late grant of an attempt with the
+                // caller's token has the node's clock, by which the lock's release bounds its
+                // delete there (see `Granted::release_request`).
+                let read = Instant::now();
+                changed(&this.state, |st| {
+                    let clock = st.own_clock(extras.3, read);
+                    let slot = &mut st.slots[i];
+                    slot.answered |= outcome.answered();
+                    if clock.is_some() {
+                        slot.clock = clock;
+                    }
+                });
+            }
         }
         if out == 0 {
             return Poll::Ready(());
