@@ -368,14 +368,9 @@ async fn attempts_after(messages: &[&str]) -> f64 {
     let holder = client(&cluster);
     let waiter = client(&cluster);
     let key = "woken-once";
-    // The copies go out from the waiter's first node first: a racing attempt asks it alone,
-    // and a refusal by a node that has not published the release heard yet is retried once
-    // its copy comes (the release's delete may not have reached it), which a first node that
-    // published first never asks for.
-    let first = waiter.first_node(key).expect("a first node");
-    let order = [first, (first + 1) % 3, (first + 2) % 3];
     let lock = holder.acquire(key).await.expect("free");
     let attempts = common::attempts_during(async {
+        let asks = waiter.clone();
         let w = tokio::spawn(async move { waiter.acquire(key).await });
         let channel = format!("{}release:{key}", redlock::DEFAULT_KEY_PREFIX);
         assert!(
@@ -387,6 +382,15 @@ async fn attempts_after(messages: &[&str]) -> f64 {
         );
         // Its second attempt (right after subscribing) has been refused by now.
         tokio::time::sleep(Duration::from_millis(200)).await;
+        // The copies go out from the waiter's first node first: a racing attempt asks it
+        // alone, and a refusal by a node that has not published the release heard yet is
+        // retried once its copy comes (the release's delete may not have reached it), which a
+        // first node that published first never asks for. Read once the waiter has connected:
+        // before it has read the servers' identities it ranks the nodes by address, and a
+        // first node read then was another node in 2 runs of 4 beside busy loops (the copies
+        // then came from a node it did not race through first, and it acted on two of them).
+        let first = asks.first_node(key).expect("a first node");
+        let order = [first, (first + 1) % 3, (first + 2) % 3];
         for message in messages {
             for i in order {
                 publish(&cluster, i, key, message).await;
@@ -432,11 +436,8 @@ async fn release_messages_without_an_id_each_wake_a_waiter() {
 /// Runs [`attempts_after`] until it counts `expected` attempts, at most three times, and
 /// asserts that the fewest it counted is `expected`. Load only adds attempts: a node that
 /// times out, or a subscription connection re-opened (which wakes every waiter once, as a
-/// release may have gone unheard), sends the waiter into one more. CI saw 5 instead of 4 once
-/// with the other test binaries running beside this one (2026-12-04); 101 runs here counted 4
-/// (15 of the test beside three busy loops, 10 of the whole file beside two, 76 with the
-/// publishing shifted around the node timeout). Fewer attempts than expected (a wake-up lost)
-/// or more in every run (copies acted on) still fail.
+/// release may have gone unheard), sends the waiter into one more. Fewer attempts than
+/// expected (a wake-up lost) or more in every run (copies acted on) still fail.
 async fn fewest_attempts_after(messages: &[&str], expected: f64) {
     let mut counted = Vec::new();
     for _ in 0..3 {
