@@ -129,7 +129,8 @@ impl RedlockBuilder {
         self
     }
 
-    /// How often guards renew their locks. Default: TTL/3.
+    /// How often guards renew their locks. Default: TTL/3. At most half of the validity a
+    /// renewal leaves (TTL − drift allowance): a longer interval is cut to that.
     pub fn renew_every(mut self, every: Duration) -> Self {
         self.config.renew_every = Some(every);
         self

@@ -116,8 +116,9 @@ pub struct Config {
     /// grants for 1 s.
     /// Uncontended acquires always ask every node at once. Default: `true`.
     pub race_via_first_node: bool,
-    /// How often a [`LockGuard`](crate::LockGuard) renews its lock. `None` = TTL/3. Each renewal
-    /// is scheduled 0–20 % early at random, so locks taken together spread out. Default: `None`.
+    /// How often a [`LockGuard`](crate::LockGuard) renews its lock. `None` = TTL/3; at most half
+    /// of the validity a renewal leaves (TTL − drift allowance). Each renewal is scheduled 0–20 %
+    /// early at random, so locks taken together spread out. Default: `None`.
     pub renew_every: Option<Duration>,
     /// Longest a guard renews a lock; after that its lost signal fires and renewal stops.
     /// `Duration::MAX` turns the limit off (the guard renews until it is released or the lock

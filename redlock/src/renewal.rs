@@ -178,11 +178,24 @@ fn suspended(before: (Instant, Option<Duration>), now: (Instant, Option<Duration
 /// driver counts it as a suspend (the two are read a few nanoseconds apart).
 const SUSPEND_SLACK: Duration = Duration::from_millis(2);
 
+/// The most validity a renewal of a lock of `ttl` can leave: its TTL less the drift allowance.
+fn renewed_validity(ttl: Duration, drift_factor: f64) -> Duration {
+    ttl.saturating_sub(crate::config::drift(ttl, drift_factor))
+}
+
 /// How often a lock of `ttl` is renewed, and the driver's tick for it.
-fn cadence(ttl: Duration, renew_every: Option<Duration>) -> (Duration, Duration) {
+fn cadence(
+    ttl: Duration,
+    drift_factor: f64,
+    renew_every: Option<Duration>,
+) -> (Duration, Duration) {
     // A configured interval is the client's; a lock of a shorter TTL (taken by another client)
-    // is still renewed at least twice per TTL.
-    let every = renew_every.unwrap_or(ttl / 3).min(ttl / 2);
+    // is still renewed at least twice per validity a renewal leaves. Half of the TTL used to be
+    // the bound: with a drift allowance above the interval, a renewed lock was due again at
+    // once (test `leases::renewals_keep_their_interval_with_a_large_drift_factor`).
+    let every = renew_every
+        .unwrap_or(ttl / 3)
+        .min(renewed_validity(ttl, drift_factor) / 2);
     (every, tick(every))
 }
 
@@ -192,11 +205,12 @@ fn tick(every: Duration) -> Duration {
 }
 
 /// When a lock valid until `valid_until` is next renewed: when its remaining validity has
-/// dropped to `ttl − every` (so a fresh lock is renewed about `every` after it was taken, and a
-/// lock with little validity left at once), 0–20 % of `every` early at random.
-fn due_at(valid_until: &Deadline, ttl: Duration, every: Duration, now: Instant) -> Instant {
+/// dropped to `renewed − every`, where `renewed` is the most validity a renewal leaves (so a
+/// fresh or just renewed lock is renewed about `every` after it was taken, and a lock with
+/// little validity left at once), 0–20 % of `every` early at random.
+fn due_at(valid_until: &Deadline, renewed: Duration, every: Duration, now: Instant) -> Instant {
     let early: f64 = crate::det::range(0.0, 0.2);
-    let lead = ttl.saturating_sub(every) + every.mul_f64(early);
+    let lead = renewed.saturating_sub(every) + every.mul_f64(early);
     let deadline = now + valid_until.remaining();
     deadline.checked_sub(lead).map_or(now, |due| due.max(now))
 }
@@ -221,9 +235,10 @@ impl<B: Backend> Renewer<B> {
     /// Registers a lock for renewal, starting the renewal driver if needed. The first renewal
     /// is due from the lock's own validity and TTL.
     pub(crate) fn hold(self: &Arc<Self>, lock: Lock) -> Arc<Held> {
-        let (every, _) = cadence(lock.ttl, self.config.renew_every);
+        let (every, _) = cadence(lock.ttl, self.config.drift_factor, self.config.renew_every);
         let now = Instant::now();
-        let due = due_at(&lock.valid_until, lock.ttl, every, now);
+        let renewed = renewed_validity(lock.ttl, self.config.drift_factor);
+        let due = due_at(&lock.valid_until, renewed, every, now);
         let held = Arc::new(Held {
             id: self.renewals.next_id.fetch_add(1, Ordering::Relaxed),
             resources: lock.resources,
@@ -552,7 +567,8 @@ impl<B: Backend> Renewer<B> {
                         .valid_until
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner) = deadline;
-                    let due = due_at(&deadline, held.ttl, held.every, now);
+                    let renewed = renewed_validity(held.ttl, self.config.drift_factor);
+                    let due = due_at(&deadline, renewed, held.every, now);
                     rescheduled.push((due, held.id, Some(deadline.mono().min(held.hold_until))));
                     repair(&self.backend, self.config.node_timeout, held, &missing[j]);
                     repairable.push((j, Arc::clone(held)));
@@ -688,35 +704,55 @@ mod tests {
 
     #[test]
     fn cadence_defaults_to_a_third_of_the_ttl() {
-        let (every, tick) = cadence(Duration::from_secs(9), None);
+        let (every, tick) = cadence(Duration::from_secs(9), 0.01, None);
         assert_eq!(every, Duration::from_secs(3));
         assert_eq!(tick, Duration::from_millis(375));
-        let (_, tick) = cadence(Duration::from_millis(30), None);
+        let (_, tick) = cadence(Duration::from_millis(30), 0.01, None);
         assert_eq!(tick, Duration::from_millis(5));
     }
 
     #[test]
     fn renewals_are_due_from_the_remaining_validity() {
         let now = Instant::now();
-        let ttl = Duration::from_secs(3);
+        let renewed = Duration::from_secs(3);
         let every = Duration::from_secs(1);
         for _ in 0..1000 {
-            // A fresh lock (all of its TTL left) is due about `every` from now, never late.
-            let fresh = Deadline::after(now, ttl);
-            let at = due_at(&fresh, ttl, every, now);
+            // A lock with all the validity a renewal leaves is due about `every` from now,
+            // never late.
+            let fresh = Deadline::after(now, renewed);
+            let at = due_at(&fresh, renewed, every, now);
             assert!(
                 at > now + Duration::from_millis(790) && at <= now + every,
                 "{at:?}"
             );
-            // A lock with less than `ttl − every` left is due at once.
+            // A lock with less than `renewed − every` left is due at once.
             let late = Deadline::after(now, Duration::from_millis(700));
-            assert_eq!(due_at(&late, ttl, every, now), now);
+            assert_eq!(due_at(&late, renewed, every, now), now);
+        }
+    }
+
+    #[test]
+    fn a_renewed_lock_is_not_due_at_once_whatever_the_drift_factor() {
+        let now = Instant::now();
+        let ttl = Duration::from_secs(1);
+        for factor in [0.0, 0.01, 0.2, 0.4, 0.49] {
+            let (every, _) = cadence(ttl, factor, None);
+            let renewed = renewed_validity(ttl, factor);
+            let at = due_at(&Deadline::after(now, renewed), renewed, every, now);
+            assert!(
+                at >= now + every.mul_f64(0.79) && at <= now + every,
+                "drift factor {factor}: due {:?} after a renewal, every {every:?}",
+                at - now
+            );
+            // At least half of what a renewal leaves is left when a renewal is due.
+            assert!(renewed.saturating_sub(every) >= renewed / 2, "{factor}");
         }
     }
 
     #[test]
     fn a_lock_with_a_shorter_ttl_is_renewed_at_least_twice_per_ttl() {
-        let (every, _) = cadence(Duration::from_secs(1), Some(Duration::from_secs(5)));
-        assert_eq!(every, Duration::from_millis(500));
+        let (every, _) = cadence(Duration::from_secs(1), 0.01, Some(Duration::from_secs(5)));
+        // Half of what a renewal leaves: (1 s − 12 ms) / 2.
+        assert_eq!(every, Duration::from_millis(494));
     }
 }

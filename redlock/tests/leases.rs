@@ -445,3 +445,53 @@ async fn negative_control_without_quarantine_the_restart_double_grants() {
         "expected the documented double grant without quarantine, got {b:?}"
     );
 }
+
+/// A guarded lock is renewed about once per renewal interval, whatever the drift allowance. A
+/// renewal can leave at most `TTL − drift` of validity (drift = TTL · drift factor + 2 ms), and
+/// renewals used to be due once the validity dropped to `TTL − interval`: with a drift allowance
+/// longer than the interval, a renewed lock was due again at once, and the driver renewed it
+/// as fast as the nodes answered. Here TTL 1 s and drift factor 0.4 (allowance 402 ms): a
+/// renewal leaves at most 598 ms, so the interval is at most half of that, 299 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_keep_their_interval_with_a_large_drift_factor() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = client(&cluster, Duration::from_secs(1))
+        .drift_factor(0.4)
+        .build()
+        .unwrap();
+    renewals_come_every(&cluster, &rl, Duration::from_millis(299)).await;
+}
+
+/// The same with the default drift factor and a short `renew_every` under a long TTL, a
+/// configuration for quick recovery: TTL 60 s (allowance 602 ms), renewed every 500 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_keep_a_short_renew_every_under_a_long_ttl() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = client(&cluster, Duration::from_secs(60))
+        .renew_every(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    renewals_come_every(&cluster, &rl, Duration::from_millis(500)).await;
+}
+
+/// Holds a guarded lock and counts the renewal calls one node gets over two seconds: at most
+/// one per 0.8 × `every` (renewals are due up to 20 % early), and the lease kept.
+async fn renewals_come_every(cluster: &Cluster, rl: &Redlock, every: Duration) {
+    let guard = rl.lock("renewed").guard().await.expect("free");
+    tokio::time::sleep(every).await;
+    let node = cluster.node(0);
+    let before = node.command_calls("evalsha").await;
+    let window = Duration::from_secs(2);
+    tokio::time::sleep(window).await;
+    let renewals = node.command_calls("evalsha").await - before;
+    println!("{renewals} renewal calls in {window:?}, every {every:?}");
+    assert!(!guard.is_lost(), "the lease was lost");
+    #[allow(clippy::cast_precision_loss)]
+    let counted = renewals as f64;
+    let most = window.as_secs_f64() / (every.as_secs_f64() * 0.8) + 1.0;
+    assert!(
+        counted <= most,
+        "{renewals} renewal calls in {window:?} (at most {most:.1} at one per 0.8 × {every:?})"
+    );
+    guard.release().await.expect("release");
+}
