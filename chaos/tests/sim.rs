@@ -141,3 +141,33 @@ fn the_drift_allowance_keeps_forward_steps_safe() {
         "steps of {jump:?} beyond an allowance of 2 ms never gave two holders"
     );
 }
+
+/// A large drift factor shortens what a renewal leaves below the renewal interval's lead: the
+/// guards' renewals used to fall due again at once, and a simulated history with drift factor
+/// 0.3 or 0.45 never ended (the renewal driver renewed as fast as the simulated nodes answered,
+/// and simulated time stood still). Each history must end, and pass, within a minute.
+#[test]
+fn histories_with_a_large_drift_factor_end_and_pass() {
+    let mixed = redlock_chaos::options::parse_nemesis("mixed").expect("mixed");
+    for drift_factor in [0.3, 0.45] {
+        for seed in 1..=3 {
+            let s = Settings {
+                drift_factor,
+                ..settings(seed, &mixed)
+            };
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || drop(tx.send(sim::history(&s).map(|(summary, _)| summary))));
+            let summary = rx
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| {
+                    panic!("drift factor {drift_factor}, seed {seed}: no end within 60 s")
+                })
+                .expect("a simulated history");
+            assert!(
+                summary.passed(),
+                "drift factor {drift_factor}, seed {seed}: {:?}",
+                summary.failures
+            );
+        }
+    }
+}

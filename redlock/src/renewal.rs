@@ -537,6 +537,13 @@ impl<B: Backend> Renewer<B> {
         }
         telemetry::renewal_round(started.elapsed());
         let now = Instant::now();
+        // No lock's next round comes sooner than one tick of its interval after this round
+        // started: the driver takes everything due before the current tick ends, so a lock
+        // rescheduled inside that tick (an interval under the 5 ms shortest tick, or a retry
+        // gap of a few milliseconds as the validity runs out) used to be taken again as soon as
+        // this round ended, and renewals ran back to back (tests `leases::renewals_shorter_
+        // than_a_tick_come_once_per_tick`, `…failed_renewals_are_not_retried_back_to_back`).
+        let next_round = |held: &Held| started + tick(held.every) + Duration::from_nanos(1);
         let mut rescheduled = Vec::new();
         let mut renewed = 0u64;
         // Locks renewed at their quorum, by place in the batch: a node answering after the
@@ -567,8 +574,8 @@ impl<B: Backend> Renewer<B> {
                         .valid_until
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner) = deadline;
-                    let renewed = renewed_validity(held.ttl, self.config.drift_factor);
-                    let due = due_at(&deadline, renewed, held.every, now);
+                    let most = renewed_validity(held.ttl, self.config.drift_factor);
+                    let due = due_at(&deadline, most, held.every, now).max(next_round(held));
                     rescheduled.push((due, held.id, Some(deadline.mono().min(held.hold_until))));
                     repair(&self.backend, self.config.node_timeout, held, &missing[j]);
                     repairable.push((j, Arc::clone(held)));
@@ -583,7 +590,8 @@ impl<B: Backend> Renewer<B> {
                 Err(error) => {
                     let left = held.valid_until().remaining();
                     tracing::debug!(token = %held.token, %error, ?left, "renewal failed; retrying within the validity");
-                    rescheduled.push((now + retry_gap(held.every, left), held.id, None));
+                    let at = (now + retry_gap(held.every, left)).max(next_round(held));
+                    rescheduled.push((at, held.id, None));
                 }
             }
         }
