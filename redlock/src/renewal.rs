@@ -180,7 +180,7 @@ const SUSPEND_SLACK: Duration = Duration::from_millis(2);
 
 /// The most validity a renewal of a lock of `ttl` can leave: its TTL less the drift allowance.
 fn renewed_validity(ttl: Duration, drift_factor: f64) -> Duration {
-    ttl.saturating_sub(crate::config::drift(ttl, drift_factor))
+    engine::validity(ttl, Duration::ZERO, drift_factor).unwrap_or_default()
 }
 
 /// How often a lock of `ttl` is renewed, and the driver's tick for it.
