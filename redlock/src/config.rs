@@ -40,11 +40,14 @@ pub(crate) fn drift(ttl: Duration, drift_factor: f64) -> Duration {
 }
 
 /// The TTL checks shared by `build()` and [`LockRequest`](crate::LockRequest): at least 1 ms,
-/// at most one year (Redis takes `PX` as a signed 64-bit count of ms; stay far from it), and
-/// above the drift allowance plus the minimum validity — plus, for a single lock, the node
-/// timeout, so that an acquisition that took as long as the nodes may take still leaves
-/// validity. (`build()` passes a zero `node_timeout` and checks the node timeout against the
-/// TTL on its own.)
+/// at most one year (Redis takes `PX` as a signed 64-bit count of ms; stay far from it), above
+/// the drift allowance plus the minimum validity (else no acquisition could succeed), and above
+/// the node timeout. `build()` passes a zero `node_timeout` and checks the node timeout against
+/// its TTL on its own (`InvalidNodeTimeout`: the node timeout is its setting too); a request
+/// whose TTL is not above the client's node timeout gets `InvalidTtl`. One rule for both: a
+/// request that named its client's own TTL and minimum validity was refused (it also counted
+/// the node timeout into the validity the TTL must leave) where the client's own acquires were
+/// not (test `config::a_request_is_held_to_the_rule_its_client_was_built_with`).
 pub(crate) fn check_ttl(
     ttl: Duration,
     drift_factor: f64,
@@ -61,18 +64,14 @@ pub(crate) fn check_ttl(
     let drift = drift(ttl, drift_factor);
     // Saturating: the minimum validity is the caller's and may be anything, `Duration::MAX`
     // too (which overflowed here: a panic instead of this error).
-    if ttl
-        <= node_timeout
-            .saturating_add(drift)
-            .saturating_add(min_validity)
-    {
-        let timeout = if node_timeout.is_zero() {
-            String::new()
-        } else {
-            format!("the node timeout {node_timeout:?} plus ")
-        };
+    if ttl <= drift.saturating_add(min_validity) {
         return Err(ttl_err(format!(
-            "must exceed {timeout}the drift allowance {drift:?} plus the minimum validity {min_validity:?}"
+            "must exceed the drift allowance {drift:?} plus the minimum validity {min_validity:?}"
+        )));
+    }
+    if !node_timeout.is_zero() && ttl <= node_timeout {
+        return Err(ttl_err(format!(
+            "must exceed the node timeout {node_timeout:?}"
         )));
     }
     Ok(())

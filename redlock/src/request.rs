@@ -72,9 +72,10 @@ impl LockRequest {
     }
 
     /// The TTL of this lock: what every node is given (`PX`), what its validity is computed
-    /// from, and what every extension and renewal re-arms. It must exceed the node timeout
-    /// plus the drift allowance (TTL·drift_factor + 2 ms) plus the minimum validity, and be at
-    /// most one year. Default: the client's [`Config::ttl`](crate::Config::ttl).
+    /// from, and what every extension and renewal re-arms. It must exceed the drift allowance
+    /// (TTL·drift_factor + 2 ms) plus the minimum validity, and the node timeout — the rule the
+    /// client's own TTL was built with — and be at most one year. Default: the client's
+    /// [`Config::ttl`](crate::Config::ttl).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);
         self

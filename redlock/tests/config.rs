@@ -240,3 +240,62 @@ async fn an_enormous_minimum_validity_is_a_typed_error() {
         Err(e) => panic!("LockRequest::min_validity(Duration::MAX) panicked: {e}"),
     }
 }
+
+/// A request that names its client's own TTL and minimum validity is held to the rule the
+/// client was built with: it was refused with `InvalidTtl` ("must exceed the node timeout …")
+/// for a TTL of 101 ms over a 100 ms node timeout, or a minimum validity of 1.9 s in a 2 s TTL
+/// over a 1 s node timeout, which `build()` had accepted, and which the client's own
+/// `acquire` used without a complaint.
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_is_held_to_the_rule_its_client_was_built_with() {
+    let cases = [
+        (
+            Duration::from_millis(101),
+            Duration::ZERO,
+            Duration::from_millis(100),
+        ),
+        (
+            Duration::from_secs(2),
+            Duration::from_millis(1_900),
+            Duration::from_secs(1),
+        ),
+    ];
+    for (ttl, min_validity, node_timeout) in cases {
+        let rl = build(|b| {
+            b.ttl(ttl)
+                .min_validity(min_validity)
+                .node_timeout(node_timeout)
+                .connect_timeout(Duration::from_millis(200))
+        })
+        .expect("a valid client");
+        // Nothing listens on these ports: the attempt fails, but not on the configuration.
+        let e = rl
+            .lock("terms")
+            .ttl(ttl)
+            .min_validity(min_validity)
+            .wait(Duration::ZERO)
+            .acquire()
+            .await
+            .expect_err("no node listens");
+        assert!(
+            !matches!(e, Error::Config(_)),
+            "{ttl:?}, {min_validity:?}: {e}"
+        );
+        // Not above the node timeout: refused, for the client and for a request alike.
+        let e = config_err(build(|b| b.ttl(node_timeout).node_timeout(node_timeout)));
+        assert!(matches!(e, ConfigError::InvalidNodeTimeout { .. }), "{e}");
+        let e = rl
+            .lock("terms")
+            .ttl(node_timeout)
+            .min_validity(Duration::ZERO)
+            .wait(Duration::ZERO)
+            .acquire()
+            .await
+            .expect_err("refused");
+        assert!(
+            matches!(&e, Error::Config(ConfigError::InvalidTtl { .. }))
+                && e.to_string().contains("node timeout"),
+            "{e}"
+        );
+    }
+}
