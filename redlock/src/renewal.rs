@@ -3,7 +3,7 @@
 //! lost, and fires the lost signal of locks past their validity or max hold.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, btree_map};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, btree_map, hash_map};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
@@ -82,6 +82,14 @@ struct RenewState {
     running: bool,
     /// When the driver will look again by itself; a new lock due later need not wake it.
     next_wake: Option<Instant>,
+    /// The latest held lock on each key, by the key's hash (see [`RenewState::holder`]).
+    by_key: HashMap<u64, u64>,
+}
+
+/// A key's place in [`RenewState::by_key`]: a hash, so that the index keeps no copy of the key.
+fn key_hash(key: &str) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(key)
 }
 
 struct Entry {
@@ -101,6 +109,9 @@ impl RenewState {
         *self.intervals.entry(held.every).or_default() += 1;
         self.due.push(Reverse((due, id)));
         self.ends.insert((end, id));
+        for key in held.keys.iter() {
+            self.by_key.insert(key_hash(key), id);
+        }
         self.entries.insert(id, Entry { held, end });
     }
 
@@ -109,6 +120,13 @@ impl RenewState {
             return;
         };
         self.ends.remove(&(entry.end, id));
+        for key in entry.held.keys.iter() {
+            if let hash_map::Entry::Occupied(at) = self.by_key.entry(key_hash(key))
+                && *at.get() == id
+            {
+                at.remove();
+            }
+        }
         if let btree_map::Entry::Occupied(mut count) = self.intervals.entry(entry.held.every) {
             *count.get_mut() -= 1;
             if *count.get() == 0 {
@@ -126,6 +144,14 @@ impl RenewState {
             self.ends.insert((end, id));
             entry.end = end;
         }
+    }
+
+    /// The guarded lock of this client that holds `key`, if one does and has not ended.
+    fn holder(&self, key: &str) -> Option<&Arc<Held>> {
+        let id = self.by_key.get(&key_hash(key))?;
+        let held = &self.entries.get(id)?.held;
+        let live = !held.is_done() && !held.lost.is_cancelled();
+        (live && held.keys.iter().any(|k| k == key)).then_some(held)
     }
 
     /// Fires the lost signal of `id` if it is past its validity or max hold, and forgets it
@@ -277,6 +303,15 @@ impl<B: Backend> Renewer<B> {
             self.renewals.wake.notify_one();
         }
         held
+    }
+
+    /// Until when a guarded lock of this client holds `key` (its validity, renewed as it is
+    /// renewed, or its max hold if sooner), if one does. A guard's release forgets it here
+    /// before the release is sent.
+    pub(crate) fn held_until(&self, key: &str) -> Option<Instant> {
+        let st = self.renewals.lock();
+        let held = st.holder(key)?;
+        Some(end_of(held)).filter(|end| *end > Instant::now())
     }
 
     /// Marks the lease done, stops its renewal and fires `reason`.

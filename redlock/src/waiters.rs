@@ -343,6 +343,18 @@ impl Interest {
         }
     }
 
+    /// Undoes [`Interest::taken`]`(until)` if nothing replaced it since: the lock turned out not
+    /// to be held after all.
+    pub(crate) fn untaken(&self, until: tokio::time::Instant) {
+        if let Some(c) = lock(&self.waiters.shared.state)
+            .channels
+            .get_mut(&self.channel)
+            && c.held_until == Some(until)
+        {
+            c.held_until = None;
+        }
+    }
+
     /// While this client holds a lock on the channel's resource, waits — at most `limit` — for
     /// a release: this client's (see [`Waiters::notify_local`]), or any other client's message
     /// on the channel (the lock may have been handed to another client and released there).

@@ -786,3 +786,92 @@ async fn sets(cluster: &Cluster) -> u64 {
     }
     n
 }
+
+/// A task waiting for a lock that a guard of its own client holds waits for the guard's
+/// release for as long as the renewals keep the lock: the client knew the lock as held only
+/// until the validity it had when it was taken, and once that passed the waiter attempted at
+/// every retry delay, refused each time, while the guard still held the lock.
+#[tokio::test(flavor = "current_thread")]
+async fn a_waiter_behind_its_clients_renewed_guard_waits_for_the_release() {
+    const TTL: Duration = Duration::from_millis(300);
+    const HELD: Duration = Duration::from_millis(1_500);
+    let cluster = Cluster::start(3).await.expect("cluster");
+    let rl = redlock::Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(TTL)
+        .node_timeout(common::NODE_TIMEOUT)
+        .retry(
+            redlock::RetryPolicy::deadline(Duration::from_secs(10))
+                .with_delay(Duration::from_millis(50), Duration::ZERO),
+        )
+        .build()
+        .expect("valid config");
+    let guard = rl.lock("renewed-here").guard().await.expect("free");
+    let attempts = common::attempts_during(async {
+        let waiter = rl.clone();
+        let w = tokio::spawn(async move { waiter.acquire("renewed-here").await });
+        tokio::time::sleep(HELD).await;
+        assert!(!w.is_finished(), "the guard still holds the lock");
+        guard.release().await.expect("release");
+        let won = w
+            .await
+            .expect("waiter task")
+            .expect("the waiter wins after the release");
+        rl.release(won).await.expect("release");
+    })
+    .await;
+    assert_eq!(attempts.len(), 1, "one acquire: {attempts:?}");
+    // The first attempt, made before anything was known, and the one after the release.
+    assert!(
+        attempts[0] <= 2.0,
+        "the waiter made {} attempts while its client's guard held the lock for {HELD:?}, \
+         renewed past its first validity of {TTL:?}",
+        attempts[0]
+    );
+}
+
+/// Waiting for its own client's guard ends where the retry policy ends it, however long the
+/// guard's renewals hold the lock: the call gives up `Busy` (a task that awaits the lock its
+/// own guard holds must not hang for as long as the guard lives).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_behind_its_clients_guard_ends_with_the_policy() {
+    let cluster = Cluster::start(3).await.expect("cluster");
+    let rl = redlock::Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_millis(300))
+        .node_timeout(common::NODE_TIMEOUT)
+        .build()
+        .expect("valid config");
+    let guard = rl.lock("held-here").guard().await.expect("free");
+    for wait in [Duration::from_millis(700), Duration::ZERO] {
+        let started = std::time::Instant::now();
+        let e = rl
+            .lock("held-here")
+            .wait(wait)
+            .acquire()
+            .await
+            .expect_err("the guard holds the lock");
+        let took = started.elapsed();
+        assert!(e.is_busy(), "{e}");
+        assert!(
+            took >= wait && took < wait + Duration::from_millis(600),
+            "a wait of {wait:?} gave up after {took:?}"
+        );
+    }
+    // The default policy: ten attempts, 100 ms ± 50 ms apart, with a 50 ms node timeout
+    // each, 2 s at most — spent waiting for the guard's release, then one attempt.
+    let started = std::time::Instant::now();
+    let e = rl
+        .acquire("held-here")
+        .await
+        .expect_err("the guard holds the lock");
+    assert!(e.is_busy(), "{e}");
+    println!("the default policy gave up after {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_millis(2_600),
+        "the default policy gave up after {:?}",
+        started.elapsed()
+    );
+    assert!(!guard.is_lost(), "renewed all along");
+    guard.release().await.expect("release");
+}
