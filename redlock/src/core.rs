@@ -734,6 +734,9 @@ impl<B: Backend> Core<B> {
             // (`_turn` is only held, never read: dropping it passes the turn on.)
             let mut _turn = None;
             let mut last_attempt = false;
+            // The last attempt follows a wait for this client's own holder that used up the
+            // policy's time (see below), not a wait for the turn.
+            let mut waited_out = false;
             if let Some(waiters) = self.waiters.as_ref().filter(|_| !policy.single_attempt()) {
                 let limit = policy.wait_limit(self.config.node_timeout);
                 _turn = waiters.turn(&keys, limit).await;
@@ -817,6 +820,7 @@ impl<B: Backend> Core<B> {
                         // its_clients_guard_ends_with_the_policy`).
                         if started.elapsed() >= policy.wait_limit(self.config.node_timeout) {
                             last_attempt = true;
+                            waited_out = true;
                         }
                     }
                     match outcome {
@@ -974,7 +978,9 @@ impl<B: Backend> Core<B> {
                 };
                 tracing::debug!(attempts, error = %err, retry_in = ?pause, "attempt failed");
                 let Some(pause) = pause else {
-                    let gave_up = if last_attempt {
+                    let gave_up = if waited_out {
+                        GaveUp::LocalHolder
+                    } else if last_attempt {
                         GaveUp::Queue
                     } else if policy.single_attempt() {
                         GaveUp::SingleAttempt
@@ -1247,22 +1253,17 @@ impl<B: Backend> Core<B> {
         )
     }
 
+    /// Records on `interest` until when a guard of this client holds `key`, if one does. The
+    /// lookup runs under the waiters' lock, and a guard's release forgets the guard in the
+    /// renewer before it clears the record under that lock: the record is either made before
+    /// the release clears it, or not made.
+    fn note_guard(&self, interest: &Interest, key: &str) {
+        interest.held_by(|| self.renewer.held_until(key));
+    }
+
     /// How long a waiter may wait for the release of a lock held by another task of this
     /// client before it makes its next attempt: what is left of its turn's limit while the
     /// client hears releases on the channel, else (releases may go unheard) one retry delay.
-    /// Records on `interest` until when a guard of this client holds `key`, if one does. A
-    /// guard's release forgets it in the renewer before the release is sent, and clears what
-    /// was recorded once sent: looked up again after recording, a release that came between the
-    /// two either shows there or clears the record after it.
-    fn note_guard(&self, interest: &Interest, key: &str) {
-        if let Some(until) = self.renewer.held_until(key) {
-            interest.taken(until);
-            if self.renewer.held_until(key).is_none() {
-                interest.untaken(until);
-            }
-        }
-    }
-
     fn local_wait_limit(
         &self,
         policy: &RetryPolicy,

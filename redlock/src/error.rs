@@ -203,6 +203,9 @@ pub enum GaveUp {
     /// The call queued behind this client's other acquirers of the same resources for its
     /// whole wait limit, then made one attempt.
     Queue,
+    /// The call waited for the release of a lock this client holds (a guard, or a lock one of
+    /// its waiting acquirers took) for its whole wait limit, then made one attempt.
+    LocalHolder,
 }
 
 impl fmt::Display for GaveUp {
@@ -212,6 +215,9 @@ impl fmt::Display for GaveUp {
             Self::Attempts => "the retry policy's attempts are used up",
             Self::Deadline => "the retry deadline (wait) passed",
             Self::Queue => "queued behind this client's other acquirers for the whole wait limit",
+            Self::LocalHolder => {
+                "waited for this client's own holder of the lock for the whole wait limit"
+            }
         })
     }
 }
@@ -617,7 +623,8 @@ pub enum ConfigError {
         /// The name.
         name: String,
     },
-    /// The TTL is zero, too large for Redis, or not larger than the drift allowance.
+    /// The TTL is under 1 ms, too large for Redis, not larger than the drift allowance plus
+    /// the minimum validity, or (a request's) not larger than the node timeout.
     #[error("ttl {ttl:?} is unusable: {reason}")]
     InvalidTtl {
         /// The TTL given.

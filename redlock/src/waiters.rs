@@ -334,6 +334,7 @@ pub(crate) enum LocalHolder {
 impl Interest {
     /// Records that an acquirer with this interest took the lock, valid until `until`: until
     /// this client releases it (or `until` passes), [`Interest::wait_for_local_holder`] waits.
+    /// (A guard of this client is recorded by [`Interest::held_by`].)
     pub(crate) fn taken(&self, until: tokio::time::Instant) {
         if let Some(c) = lock(&self.waiters.shared.state)
             .channels
@@ -343,15 +344,19 @@ impl Interest {
         }
     }
 
-    /// Undoes [`Interest::taken`]`(until)` if nothing replaced it since: the lock turned out not
-    /// to be held after all.
-    pub(crate) fn untaken(&self, until: tokio::time::Instant) {
-        if let Some(c) = lock(&self.waiters.shared.state)
-            .channels
-            .get_mut(&self.channel)
-            && c.held_until == Some(until)
+    /// Records the lock as held until the time `holder` answers, if it answers one: a guard
+    /// of this client (looked up in its renewer). `holder` runs under the waiters' lock, which
+    /// a release takes to clear the record (see [`Waiters::notify_local`]), so a record made
+    /// from a lookup that came before the release is cleared by it, and one after it finds
+    /// nothing: a lookup and its record taken one after the other put a released guard's
+    /// validity back after the release had cleared it, and another waiter slept until then
+    /// with the lock free.
+    pub(crate) fn held_by(&self, holder: impl FnOnce() -> Option<tokio::time::Instant>) {
+        let mut state = lock(&self.waiters.shared.state);
+        if let Some(c) = state.channels.get_mut(&self.channel)
+            && let Some(until) = holder()
         {
-            c.held_until = None;
+            c.held_until = Some(until);
         }
     }
 
