@@ -119,7 +119,8 @@ impl Op {
 ///
 /// Per node: not known (no request reached the node layer, or its backend does not record
 /// trips: such a node always gets the release), refused by the client before it waited
-/// anywhere (a full outbox, a restart's quarantine), waiting in the client's outbox, sent
+/// anywhere (a full outbox, a restart's quarantine), waiting in the client (for the
+/// connection to open, or in the connection's outbox), sent
 /// (handed to the connection: it may be written), or withdrawn (never to be sent). The outbox
 /// marks a request sent before handing it over and does not send a withdrawn one; the release
 /// withdraws a refused or waiting one, and spares the node only then. Both are one atomic

@@ -40,6 +40,16 @@ async fn warmed_at(urls: Vec<String>) -> Redlock {
         .expect("valid config");
     let warm = rl.try_acquire("warm").await.unwrap();
     rl.release(warm).await.unwrap();
+    // The lock above needs only a quorum: under load a node's first connection could still be
+    // opening (see `releases_are_not_queued_for_a_hung_node_whose_connection_never_opened`).
+    for report in rl.connect().await {
+        assert!(
+            matches!(report.outcome, redlock::NodeOutcome::Confirmed),
+            "{}: {:?}",
+            report.node,
+            report.outcome
+        );
+    }
     rl
 }
 
@@ -292,6 +302,88 @@ fn a_runtime_dropped_with_its_thread_does_not_panic() {
         out.status.success() && panics.is_empty(),
         "the child process did not end cleanly: {:?}, {panics:?}",
         out.status
+    );
+}
+
+/// The same cycles while node 0 hangs before this client's first connection to it has opened:
+/// every request to it waits for the connection, not in its outbox. A release withdraws such a
+/// waiting request as it withdraws one in the outbox, and spares the node. Before, nothing
+/// recorded the requests waiting for the connection, so every release went to node 0 too, and
+/// ran there once it resumed and the connection opened: the 1,159 and 4,587 deletes counted in
+/// CI by the test above, whose client's first connection to node 0 had not opened when node 0
+/// was paused (its warm-up lock needs only a quorum).
+#[tokio::test(flavor = "current_thread")]
+async fn releases_are_not_queued_for_a_hung_node_whose_connection_never_opened() {
+    const CYCLES: usize = 2_000;
+    const PASSWORD: &str = "only-this-test";
+    let cluster = Cluster::builder()
+        .nodes(3)
+        .arg("requirepass", PASSWORD)
+        .start()
+        .await
+        .unwrap();
+    let urls: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .map(|n| format!("redis://:{PASSWORD}@127.0.0.1:{}", n.port()))
+        .collect();
+    // A connect timeout that outlasts the cycles: the connection opened while node 0 hung is
+    // still opening when it resumes, and then opens.
+    let rl = Redlock::builder()
+        .nodes(urls)
+        .ttl(Duration::from_secs(10))
+        .node_timeout(Duration::from_millis(200))
+        .connect_timeout(Duration::from_secs(20))
+        .build()
+        .expect("valid config");
+    cluster.node(0).pause();
+    let names: Vec<String> = (0..CYCLES).map(|i| format!("cycle-{i}")).collect();
+    let started = Instant::now();
+    let mut failed = Vec::new();
+    for chunk in names.chunks(64) {
+        let cycles = chunk.iter().map(|name| async {
+            let lock = rl.try_acquire(name.as_str()).await?;
+            rl.release(lock).await.map(drop)
+        });
+        failed.extend(join_all(cycles).await.into_iter().filter_map(Result::err));
+    }
+    let took = started.elapsed();
+    cluster.node(0).resume();
+    // The connection opens now; whatever waited for it is sent.
+    let reports = rl.connect().await;
+    assert!(
+        matches!(reports[0].outcome, redlock::NodeOutcome::Confirmed),
+        "node 0's connection opens once it resumes: {:?}",
+        reports[0].outcome
+    );
+    let mut ran = deletes_tried(&cluster, 0).await;
+    let limit = Instant::now() + Duration::from_secs(60);
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = deletes_tried(&cluster, 0).await;
+        if now == ran || Instant::now() > limit {
+            break;
+        }
+        ran = now;
+    }
+    println!(
+        "{CYCLES} cycles in {took:?} while node 0 hung before its connection opened, {} failed; \
+         owner-checked deletes on node 0: {ran}",
+        failed.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "nodes 1 and 2 were healthy: {:?}",
+        failed.first()
+    );
+    assert!(
+        took < Duration::from_secs(15),
+        "the cycles ended within the connect timeout"
+    );
+    assert!(
+        ran < 200,
+        "node 0 ran {ran} releases queued while its connection was opening, for {CYCLES} locks \
+         whose grants never reached it"
     );
 }
 

@@ -89,7 +89,11 @@ async fn one_killed_paused_or_slow_node_of_five_does_not_stop_acquire() {
         "waited for the slow node: {took:?}"
     );
     let report = rl.release(lock).await.unwrap();
-    assert!(report.released() >= 3, "{report:?}");
+    // A quorum no longer holds the key: deleted, or never reached (the dead node 0, whose
+    // acquire waited for a connection that could not open, is spared and reported as holding
+    // nothing). The release returns then; the rest of its deletes go on.
+    assert!(report.released() >= 2, "{report:?}");
+    assert!(report.released() + report.not_held() >= 3, "{report:?}");
     cluster.node(2).proxy().unwrap().heal();
     // The slow node's late grant is cleaned up by its queued release.
     assert!(no_lock_keys_within(&cluster, Duration::from_secs(3)).await);

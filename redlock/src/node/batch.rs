@@ -152,7 +152,7 @@ impl Drop for Place {
     }
 }
 
-fn withdrawn() -> NodeError {
+pub(super) fn withdrawn() -> NodeError {
     NodeError::new(
         NodeErrorKind::Withdrawn,
         "withdrawn unsent by the lock's release (it waited to be sent to this node)",
