@@ -424,6 +424,21 @@ impl RedisNode {
         // `batch_attacks::releases_are_not_queued_for_a_hung_node_whose_connection_never_
         // opened`: 2,000 of 2,000). Handed over, the request goes through the outbox, which
         // sends none that was withdrawn meanwhile.
+        // Bounded like the outbox: while a connection to a hung node opens (up to the connect
+        // timeout), requests wait here, each with its keys and token; without a bound a long
+        // connect timeout let them grow with the request rate (test `tests::requests_waiting_
+        // for_a_connection_are_bounded`: 66,536 of 66,536 waited). A release (or cleanup) is
+        // never refused: the grant it undoes may have been sent on an earlier connection.
+        if !must_reach && slot.queue.len() >= REQUEST_QUEUE {
+            if let Some(f) = fate {
+                f.refused();
+            }
+            return future::ready(Err(NodeError::new(
+                NodeErrorKind::Io,
+                format!("{REQUEST_QUEUE} requests are already waiting for this node's connection"),
+            )))
+            .boxed();
+        }
         if fate.is_some_and(|f| !f.waiting()) {
             return future::ready(Err(batch::withdrawn())).boxed();
         }
@@ -1375,8 +1390,8 @@ mod tests {
     use crate::backend::Wake;
     use redlock_testkit::Cluster;
 
-    /// A node of the client's for node 0 of `cluster`, connected.
-    async fn connected(cluster: &Cluster) -> Arc<RedisNode> {
+    /// A node of the client's for node 0 of `cluster`, not connected yet.
+    fn node_of(cluster: &Cluster, connect_timeout: Duration) -> Arc<RedisNode> {
         let spec = NodeSpec::parse(&cluster.urls()[0], None).unwrap();
         let keys = NodeKeys {
             identity: "redlock:node".into(),
@@ -1384,10 +1399,61 @@ mod tests {
             quarantine: None,
         };
         let identities = Arc::new(Identities::new(vec!["n".into()]));
-        let node = RedisNode::new(0, &spec, Duration::from_secs(1), None, keys, identities);
-        let node = Arc::new(node.unwrap());
+        let node = RedisNode::new(0, &spec, connect_timeout, None, keys, identities);
+        Arc::new(node.unwrap())
+    }
+
+    /// [`node_of`], connected.
+    async fn connected(cluster: &Cluster) -> Arc<RedisNode> {
+        let node = node_of(cluster, Duration::from_secs(1));
         node.connect().await.unwrap();
         node
+    }
+
+    /// Requests made while the connection to a hung server opens wait for it, at most
+    /// `REQUEST_QUEUE` of them; the next ones are refused at once, except releases.
+    #[tokio::test(flavor = "current_thread")]
+    async fn requests_waiting_for_a_connection_are_bounded() {
+        let cluster = Cluster::start(1).await.unwrap();
+        cluster.node(0).pause();
+        let node = node_of(&cluster, Duration::from_secs(30));
+        let token = Token::random().unwrap();
+        let op = |kind: u8| match kind {
+            0 => Arc::new(Op::Acquire {
+                stamped: true,
+                keys: vec!["redlock:lock:waits".to_owned()].into(),
+                token: token.clone(),
+                ttl_ms: 10_000,
+                rearm: false,
+                checked: false,
+                reach: None,
+            }),
+            _ => Arc::new(Op::Release {
+                keys: vec!["redlock:lock:waits".to_owned()].into(),
+                token: token.clone(),
+                channels: Vec::new().into(),
+                wake: Wake::NONE,
+                before_us: None,
+            }),
+        };
+        let mut calls: Vec<_> = (0..REQUEST_QUEUE + 1_000)
+            .map(|_| node.run(op(0), None))
+            .collect();
+        let waiting = lock(&node.slot).queue.len();
+        let release = node.run(op(1), None);
+        let after_release = lock(&node.slot).queue.len();
+        let refused = calls.pop().unwrap().now_or_never();
+        cluster.node(0).resume();
+        assert_eq!(
+            waiting, REQUEST_QUEUE,
+            "requests waiting for the connection to open"
+        );
+        assert_eq!(after_release, REQUEST_QUEUE + 1, "a release still waits");
+        assert!(
+            matches!(&refused, Some(Err(e)) if e.kind() == NodeErrorKind::Io),
+            "{refused:?}"
+        );
+        drop((calls, release));
     }
 
     /// A release whose caller stops waiting right after handing it to the connection (a
