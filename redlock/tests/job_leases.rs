@@ -66,13 +66,18 @@ async fn stop_renewal_leaves_the_key_counting_down() {
 async fn the_lock_after_stop_renewal_can_be_released() {
     let cluster = Cluster::start(3).await.unwrap();
     let rl = client(&cluster, Duration::from_secs(10)).build().unwrap();
-    // Every connection open: a node whose connection was still opening when the lock was
-    // taken at the others may never have been asked, and its release is then spared.
-    let _ = rl.connect().await;
     let lock = rl.lock("keep").guard().await.unwrap().stop_renewal();
     assert_eq!(lock.resources(), ["keep"]);
     let report = rl.release(lock).await.unwrap();
-    assert!(report.released() >= rl.quorum(), "{report:?}");
+    // A quorum no longer holds the key: deleted there, or never asked (a node whose
+    // connection was still opening when the others granted the lock is spared, and reported
+    // as holding nothing; seen in CI even after `connect()`, whose connect timeout a loaded
+    // machine can outlast). The rest of the deletes go on after the release returns.
+    assert!(report.released() >= 1, "{report:?}");
+    assert!(
+        report.released() + report.not_held() >= rl.quorum(),
+        "{report:?}"
+    );
     assert!(no_lock_keys_within(&cluster, Duration::from_secs(2)).await);
 }
 
