@@ -733,15 +733,14 @@ impl<B: Backend> Core<B> {
             // waits in nor joins the queue.
             // (`_turn` is only held, never read: dropping it passes the turn on.)
             let mut _turn = None;
-            let mut last_attempt = false;
-            // The last attempt follows a wait for this client's own holder that used up the
-            // policy's time (see below), not a wait for the turn.
-            let mut waited_out = false;
+            // Set when the next attempt is the last: why the call then gives up (a wait for the
+            // turn, or for this client's own holder, that used up the policy's time).
+            let mut last_attempt: Option<GaveUp> = None;
             if let Some(waiters) = self.waiters.as_ref().filter(|_| !policy.single_attempt()) {
                 let limit = policy.wait_limit(self.config.node_timeout);
                 _turn = waiters.turn(&keys, limit).await;
                 // Queued for the whole limit: one attempt, then give up.
-                last_attempt = _turn.is_none();
+                last_attempt = _turn.is_none().then_some(GaveUp::Queue);
             }
             // Set once the lock turns out to be busy: the release notifications we wait for.
             // When this client still listens on the resource's channel (it was waited on
@@ -804,8 +803,7 @@ impl<B: Backend> Core<B> {
                         match i.wait_for_local_holder(left).await {
                             // The validity recorded passed, and a renewal moved it on.
                             LocalHolder::NotHeld
-                                if !left.is_zero()
-                                    && waited.elapsed() < limit
+                                if waited.elapsed() < limit
                                     && self.renewer.held_until(&keys[0]).is_some() => {}
                             outcome => break outcome,
                         }
@@ -819,8 +817,7 @@ impl<B: Backend> Core<B> {
                         // of it: 3.1 s instead of about one (test `local_fifo::a_wait_behind_
                         // its_clients_guard_ends_with_the_policy`).
                         if started.elapsed() >= policy.wait_limit(self.config.node_timeout) {
-                            last_attempt = true;
-                            waited_out = true;
+                            last_attempt = Some(GaveUp::LocalHolder);
                         }
                     }
                     match outcome {
@@ -965,7 +962,7 @@ impl<B: Backend> Core<B> {
                 // for_a_release`).
                 let wakeable = self.waiters.is_some() && refused_somewhere(&err);
                 let mut cut = false;
-                let pause = if err.is_retryable() && !last_attempt {
+                let pause = if err.is_retryable() && last_attempt.is_none() {
                     policy.next_delay(counted, started.elapsed(), unit).or_else(|| {
                         let left = policy
                             .pause_cut_at_deadline(counted, started.elapsed())
@@ -978,10 +975,8 @@ impl<B: Backend> Core<B> {
                 };
                 tracing::debug!(attempts, error = %err, retry_in = ?pause, "attempt failed");
                 let Some(pause) = pause else {
-                    let gave_up = if waited_out {
-                        GaveUp::LocalHolder
-                    } else if last_attempt {
-                        GaveUp::Queue
+                    let gave_up = if let Some(reason) = last_attempt {
+                        reason
                     } else if policy.single_attempt() {
                         GaveUp::SingleAttempt
                     } else if policy.max_attempts.is_some_and(|max| counted >= max) {

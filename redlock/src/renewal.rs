@@ -89,7 +89,7 @@ struct RenewState {
 /// A key's place in [`RenewState::by_key`]: a hash, so that the index keeps no copy of the key.
 fn key_hash(key: &str) -> u64 {
     use std::hash::{BuildHasher, BuildHasherDefault};
-    BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(key)
+    BuildHasherDefault::<hash_map::DefaultHasher>::default().hash_one(key)
 }
 
 struct Entry {

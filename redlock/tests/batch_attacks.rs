@@ -315,18 +315,7 @@ fn a_runtime_dropped_with_its_thread_does_not_panic() {
 #[tokio::test(flavor = "current_thread")]
 async fn releases_are_not_queued_for_a_hung_node_whose_connection_never_opened() {
     const CYCLES: usize = 2_000;
-    const PASSWORD: &str = "only-this-test";
-    let cluster = Cluster::builder()
-        .nodes(3)
-        .arg("requirepass", PASSWORD)
-        .start()
-        .await
-        .unwrap();
-    let urls: Vec<String> = cluster
-        .nodes()
-        .iter()
-        .map(|n| format!("redis://:{PASSWORD}@127.0.0.1:{}", n.port()))
-        .collect();
+    let (cluster, urls) = cluster_of_this_test().await;
     // A connect timeout that outlasts the cycles: the connection opened while node 0 hung is
     // still opening when it resumes, and then opens.
     let rl = Redlock::builder()
@@ -337,16 +326,8 @@ async fn releases_are_not_queued_for_a_hung_node_whose_connection_never_opened()
         .build()
         .expect("valid config");
     cluster.node(0).pause();
-    let names: Vec<String> = (0..CYCLES).map(|i| format!("cycle-{i}")).collect();
     let started = Instant::now();
-    let mut failed = Vec::new();
-    for chunk in names.chunks(64) {
-        let cycles = chunk.iter().map(|name| async {
-            let lock = rl.try_acquire(name.as_str()).await?;
-            rl.release(lock).await.map(drop)
-        });
-        failed.extend(join_all(cycles).await.into_iter().filter_map(Result::err));
-    }
+    let failed = cycles(&rl, CYCLES).await;
     let took = started.elapsed();
     cluster.node(0).resume();
     // The connection opens now; whatever waited for it is sent.
@@ -356,16 +337,7 @@ async fn releases_are_not_queued_for_a_hung_node_whose_connection_never_opened()
         "node 0's connection opens once it resumes: {:?}",
         reports[0].outcome
     );
-    let mut ran = deletes_tried(&cluster, 0).await;
-    let limit = Instant::now() + Duration::from_secs(60);
-    loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let now = deletes_tried(&cluster, 0).await;
-        if now == ran || Instant::now() > limit {
-            break;
-        }
-        ran = now;
-    }
+    let ran = settled_deletes(&cluster, 0).await;
     println!(
         "{CYCLES} cycles in {took:?} while node 0 hung before its connection opened, {} failed; \
          owner-checked deletes on node 0: {ran}",
@@ -385,6 +357,55 @@ async fn releases_are_not_queued_for_a_hung_node_whose_connection_never_opened()
         "node 0 ran {ran} releases queued while its connection was opening, for {CYCLES} locks \
          whose grants never reached it"
     );
+}
+
+/// Three nodes that take a password, and their URLs with it: only the test's own client is
+/// counted on them. A client of another test process whose node's port one of these took over
+/// would reconnect to it and add its commands to the counts. (A CI run with the test binaries
+/// side by side counted 2,474 deletes on node 0 where runs alone count 0–2.)
+async fn cluster_of_this_test() -> (Cluster, Vec<String>) {
+    const PASSWORD: &str = "only-this-test";
+    let cluster = Cluster::builder()
+        .nodes(3)
+        .arg("requirepass", PASSWORD)
+        .start()
+        .await
+        .unwrap();
+    let urls = cluster
+        .nodes()
+        .iter()
+        .map(|n| format!("redis://:{PASSWORD}@127.0.0.1:{}", n.port()))
+        .collect();
+    (cluster, urls)
+}
+
+/// `n` locks, each taken with `try_acquire` and released, 64 at a time; the errors.
+async fn cycles(rl: &Redlock, n: usize) -> Vec<Error> {
+    let names: Vec<String> = (0..n).map(|i| format!("cycle-{i}")).collect();
+    let mut failed = Vec::new();
+    for chunk in names.chunks(64) {
+        let cycles = chunk.iter().map(|name| async {
+            let lock = rl.try_acquire(name.as_str()).await?;
+            rl.release(lock).await.map(drop)
+        });
+        failed.extend(join_all(cycles).await.into_iter().filter_map(Result::err));
+    }
+    failed
+}
+
+/// [`deletes_tried`] on node `i` once the node has worked through whatever waited for it:
+/// when its count stops moving for 500 ms (at most 60 s).
+async fn settled_deletes(cluster: &Cluster, i: usize) -> u64 {
+    let mut ran = deletes_tried(cluster, i).await;
+    let limit = Instant::now() + Duration::from_secs(60);
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = deletes_tried(cluster, i).await;
+        if now == ran || Instant::now() > limit {
+            return now;
+        }
+        ran = now;
+    }
 }
 
 /// The owner-checked deletes node `i` ran so far: `GET`s (the release scripts read each key
@@ -407,34 +428,11 @@ async fn deletes_tried(cluster: &Cluster, i: usize) -> u64 {
 #[tokio::test(flavor = "current_thread")]
 async fn releases_are_not_queued_for_a_hung_node_their_grants_never_reached() {
     const CYCLES: usize = 20_000;
-    // The nodes take a password so that only this test's client is counted: a client of
-    // another test process whose node's port one of these took over would reconnect to it and
-    // add its commands to the counts below. (A CI run with the test binaries side by side
-    // counted 2,474 deletes on node 0 where runs alone count 0–2.)
-    const PASSWORD: &str = "only-this-test";
-    let cluster = Cluster::builder()
-        .nodes(3)
-        .arg("requirepass", PASSWORD)
-        .start()
-        .await
-        .unwrap();
-    let urls = cluster
-        .nodes()
-        .iter()
-        .map(|n| format!("redis://:{PASSWORD}@127.0.0.1:{}", n.port()))
-        .collect();
+    let (cluster, urls) = cluster_of_this_test().await;
     let rl = warmed_at(urls).await;
     cluster.node(0).pause();
-    let names: Vec<String> = (0..CYCLES).map(|i| format!("cycle-{i}")).collect();
     let started = Instant::now();
-    let mut failed = Vec::new();
-    for chunk in names.chunks(64) {
-        let cycles = chunk.iter().map(|name| async {
-            let lock = rl.try_acquire(name.as_str()).await?;
-            rl.release(lock).await.map(drop)
-        });
-        failed.extend(join_all(cycles).await.into_iter().filter_map(Result::err));
-    }
+    let failed = cycles(&rl, CYCLES).await;
     println!(
         "{CYCLES} cycles in {:?} while node 0 hung, {} failed",
         started.elapsed(),
@@ -443,17 +441,7 @@ async fn releases_are_not_queued_for_a_hung_node_their_grants_never_reached() {
     let before = deletes_tried(&cluster, 1).await;
     cluster.node(0).resume();
     let resumed = deletes_tried(&cluster, 0).await;
-    // Node 0 works through whatever waited for it; done when its count stops moving.
-    let mut ran = resumed;
-    let limit = Instant::now() + Duration::from_secs(60);
-    loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let now = deletes_tried(&cluster, 0).await;
-        if now == ran || Instant::now() > limit {
-            break;
-        }
-        ran = now;
-    }
+    let ran = settled_deletes(&cluster, 0).await;
     println!(
         "owner-checked deletes: node 1 {before}, node 0 {} after it resumed; script calls on \
          node 0: {}, script loads: {}",

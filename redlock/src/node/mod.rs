@@ -418,12 +418,6 @@ impl RedisNode {
             }
             return request(live);
         }
-        // Nothing records a request waiting here but `fate`: unmarked, every release of a
-        // lock whose acquire waited for a connection that opened only later (the node hung
-        // while it opened) went to the node too, and ran there once it resumed (test
-        // `batch_attacks::releases_are_not_queued_for_a_hung_node_whose_connection_never_
-        // opened`: 2,000 of 2,000). Handed over, the request goes through the outbox, which
-        // sends none that was withdrawn meanwhile.
         // Bounded like the outbox: while a connection to a hung node opens (up to the connect
         // timeout), requests wait here, each with its keys and token; without a bound a long
         // connect timeout let them grow with the request rate (test `tests::requests_waiting_
@@ -439,6 +433,12 @@ impl RedisNode {
             )))
             .boxed();
         }
+        // Nothing records a request waiting here but `fate`: unmarked, every release of a
+        // lock whose acquire waited for a connection that opened only later (the node hung
+        // while it opened) went to the node too, and ran there once it resumed (test
+        // `batch_attacks::releases_are_not_queued_for_a_hung_node_whose_connection_never_
+        // opened`: 2,000 of 2,000). Handed over, the request goes through the outbox, which
+        // sends none that was withdrawn meanwhile.
         if fate.is_some_and(|f| !f.waiting()) {
             return future::ready(Err(batch::withdrawn())).boxed();
         }
