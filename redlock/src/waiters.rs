@@ -350,14 +350,18 @@ impl Interest {
     /// from a lookup that came before the release is cleared by it, and one after it finds
     /// nothing: a lookup and its record taken one after the other put a released guard's
     /// validity back after the release had cleared it, and another waiter slept until then
-    /// with the lock free.
-    pub(crate) fn held_by(&self, holder: impl FnOnce() -> Option<tokio::time::Instant>) {
+    /// with the lock free. Returns whether the lock is now recorded as held by this client
+    /// (by a guard, or by a lock one of its waiting acquirers took).
+    pub(crate) fn held_by(&self, holder: impl FnOnce() -> Option<tokio::time::Instant>) -> bool {
         let mut state = lock(&self.waiters.shared.state);
-        if let Some(c) = state.channels.get_mut(&self.channel)
-            && let Some(until) = holder()
-        {
+        let Some(c) = state.channels.get_mut(&self.channel) else {
+            return false;
+        };
+        if let Some(until) = holder() {
             c.held_until = Some(until);
         }
+        c.held_until
+            .is_some_and(|until| until > tokio::time::Instant::now())
     }
 
     /// While this client holds a lock on the channel's resource, waits — at most `limit` — for
