@@ -372,6 +372,18 @@ pub(crate) trait Backend: Send + Sync + 'static {
         i: usize,
         batch: Arc<Batch>,
     ) -> BoxFuture<'static, Result<Vec<Renewed>, NodeError>>;
+    /// The connection to node `i` a request made now is sent on, when the backend keeps one
+    /// open and sends at once: an id that changes whenever the connection is replaced. Answers
+    /// on one connection come back in the order the requests went out. `None`: not known.
+    fn connection(&self, i: usize) -> Option<u64> {
+        let _ = i;
+        None
+    }
+    /// Whether `connection` (from [`Backend::connection`]) is still node `i`'s connection.
+    fn still_on(&self, i: usize, connection: u64) -> bool {
+        let _ = (i, connection);
+        false
+    }
     /// How long a renewal call keeps node `i`'s server busy per key renewed, when the backend
     /// knows; renewal calls are paced by it (see `renewal.rs`). `None`: not paced.
     fn renewal_cost(&self, i: usize) -> Option<Duration> {

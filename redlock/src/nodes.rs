@@ -100,6 +100,24 @@ impl Backend for Nodes {
     }
 
     #[inline]
+    fn connection(&self, i: usize) -> Option<u64> {
+        match self {
+            Self::Redis(b) => b.connection(i),
+            #[cfg(feature = "simulation")]
+            Self::Sim(b) => b.connection(i),
+        }
+    }
+
+    #[inline]
+    fn still_on(&self, i: usize, connection: u64) -> bool {
+        match self {
+            Self::Redis(b) => b.still_on(i, connection),
+            #[cfg(feature = "simulation")]
+            Self::Sim(b) => b.still_on(i, connection),
+        }
+    }
+
+    #[inline]
     fn renewal_cost(&self, i: usize) -> Option<Duration> {
         match self {
             Self::Redis(b) => b.renewal_cost(i),

@@ -525,6 +525,25 @@ impl RedisNode {
         lock(&self.slot).live.is_some()
     }
 
+    /// The connection a request made now goes out on, if it goes out on the open one at
+    /// once (see [`RedisNode::with_live`]): its generation, which changes whenever the
+    /// connection is replaced. `None` while none is open or requests wait for one.
+    pub(crate) fn connection(&self) -> Option<u64> {
+        let slot = lock(&self.slot);
+        if slot.opening || !slot.queue.is_empty() {
+            return None;
+        }
+        slot.live.as_ref().map(|l| l.generation)
+    }
+
+    /// Whether connection `generation` is still the one requests go out on.
+    pub(crate) fn still_on(&self, generation: u64) -> bool {
+        lock(&self.slot)
+            .live
+            .as_ref()
+            .is_some_and(|l| l.generation == generation)
+    }
+
     /// Opens the connection now (if it is not open), waiting for the outcome.
     pub(crate) async fn connect(self: &Arc<Self>) -> Result<(), NodeError> {
         self.with_live_as(false, false, None, |_| future::ready(Ok(())).boxed())
@@ -1346,6 +1365,14 @@ impl Backend for RedisBackend {
         batch: Arc<Batch>,
     ) -> BoxFuture<'static, Result<Vec<Renewed>, NodeError>> {
         self.nodes[i].extend_many(batch)
+    }
+
+    fn connection(&self, i: usize) -> Option<u64> {
+        self.nodes[i].connection()
+    }
+
+    fn still_on(&self, i: usize, connection: u64) -> bool {
+        self.nodes[i].still_on(connection)
     }
 
     fn renewal_cost(&self, i: usize) -> Option<Duration> {
