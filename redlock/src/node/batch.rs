@@ -15,7 +15,7 @@ use futures_util::FutureExt;
 use futures_util::future::{self, BoxFuture};
 use tokio::sync::oneshot;
 
-use super::{Live, REQUEST_QUEUE, RedisNode, lock, quarantine_check};
+use super::{Live, REQUEST_QUEUE, RESCAN_AFTER, RedisNode, lock, quarantine_check};
 use crate::backend::{Batch, Fate, Op, Renewed, Reply};
 use crate::engine;
 use crate::error::{NodeError, NodeErrorKind};
@@ -67,11 +67,6 @@ impl Queued {
 /// One connection's outbox.
 #[derive(Default)]
 pub(super) struct Outbox(Mutex<State>);
-
-/// Requests that find the outbox full between two scans of it for requests nobody waits for any
-/// more: a scan reads every waiting request, and one per this many keeps each request's share
-/// of that work to a few reads.
-const RESCAN_AFTER: usize = REQUEST_QUEUE / 16;
 
 #[derive(Default)]
 struct State {

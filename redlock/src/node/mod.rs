@@ -33,6 +33,11 @@ use native::{DeleteIfEqual, Native};
 /// Requests that may wait in one connection's client-side queue.
 const REQUEST_QUEUE: usize = 1 << 16;
 
+/// Requests that find a full queue (the outbox, or the requests waiting for a connection)
+/// between two scans of it for requests nobody waits for any more: a scan reads every waiting
+/// request, and one per this many keeps each request's share of that work to a few reads.
+const RESCAN_AFTER: usize = REQUEST_QUEUE / 16;
+
 /// What a connection's handshake learned, shared by every request sent on that connection.
 #[derive(Clone)]
 struct Live {
@@ -158,9 +163,31 @@ pub(crate) struct NodeKeys {
     pub(crate) quarantine: Option<Duration>,
 }
 
-/// A request waiting for the connection: called once with it (or with the error that kept it
-/// from opening), in the order the requests were made.
-type Deferred = Box<dyn FnOnce(Result<Live, NodeError>) + Send>;
+/// A request waiting for the connection: `send` is called once with it (or with the error that
+/// kept it from opening), in the order the requests were made.
+struct Deferred {
+    send: Box<dyn FnOnce(Result<Live, NodeError>) + Send>,
+    /// Set when its caller stops waiting, for a request that need not reach the node: it is
+    /// then not sent, and makes room in a full queue. `None` for one that must reach it.
+    gone: Option<Arc<AtomicBool>>,
+}
+
+impl Deferred {
+    fn abandoned(&self) -> bool {
+        self.gone
+            .as_ref()
+            .is_some_and(|g| g.load(Ordering::Acquire))
+    }
+}
+
+/// Marks a waiting request abandoned when its caller's future is dropped.
+struct Gone(Arc<AtomicBool>);
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
 
 /// The connection, or the requests waiting for it to open.
 #[derive(Default)]
@@ -171,6 +198,9 @@ struct Slot {
     queue: VecDeque<Deferred>,
     /// A background task is opening the connection (or handing the queue over).
     opening: bool,
+    /// Requests that found the queue full since it was last rid of abandoned ones, modulo
+    /// [`RESCAN_AFTER`].
+    found_full: usize,
 }
 
 /// The task opening a node's connection. If it ends without finishing — its runtime shut down,
@@ -235,7 +265,7 @@ impl Drop for Opener {
             slot.queue.drain(..).collect()
         };
         for request in stranded {
-            request(Err(NodeError::new(
+            (request.send)(Err(NodeError::new(
                 NodeErrorKind::Connect,
                 "the task opening the connection ended (its runtime shut down) before it was open",
             )));
@@ -423,6 +453,16 @@ impl RedisNode {
         // connect timeout let them grow with the request rate (test `tests::requests_waiting_
         // for_a_connection_are_bounded`: 66,536 of 66,536 waited). A release (or cleanup) is
         // never refused: the grant it undoes may have been sent on an earlier connection.
+        // Requests nobody waits for any more make room, found by a scan of the whole queue
+        // once per `RESCAN_AFTER` requests that find it full, as in the outbox (test
+        // `tests::requests_nobody_waits_for_make_room_while_the_connection_opens`: refused
+        // after 65,536 abandoned ones).
+        if !must_reach && slot.queue.len() >= REQUEST_QUEUE {
+            if slot.found_full == 0 {
+                slot.queue.retain(|d| !d.abandoned());
+            }
+            slot.found_full = (slot.found_full + 1) % RESCAN_AFTER;
+        }
         if !must_reach && slot.queue.len() >= REQUEST_QUEUE {
             if let Some(f) = fate {
                 f.refused();
@@ -443,8 +483,10 @@ impl RedisNode {
             return future::ready(Err(batch::withdrawn())).boxed();
         }
         let (tx, rx) = oneshot::channel();
-        slot.queue
-            .push_back(Box::new(move |conn: Result<Live, NodeError>| {
+        let gone = (!must_reach).then(|| Gone(Arc::new(AtomicBool::new(false))));
+        slot.queue.push_back(Deferred {
+            gone: gone.as_ref().map(|g| Arc::clone(&g.0)),
+            send: Box::new(move |conn: Result<Live, NodeError>| {
                 // Nobody waits for this request any more (its phase gave up on it after its
                 // budget and delivery grace): an acquire or extension not sent changes nothing.
                 if tx.is_closed() && !must_reach {
@@ -457,13 +499,15 @@ impl RedisNode {
                 // Dropped unanswered, a request that must reach the node is seen through (see
                 // `RedisNode::run`).
                 let _ = tx.send(call);
-            }));
+            }),
+        });
         let open = !std::mem::replace(&mut slot.opening, true);
         drop(slot);
         if open {
             self.spawn_open();
         }
         async move {
+            let _gone = gone;
             match rx.await {
                 Ok(call) => call.await,
                 Err(_) => Err(NodeError::new(
@@ -509,7 +553,7 @@ impl RedisNode {
                     std::mem::take(&mut slot.queue)
                 };
                 for request in waiting {
-                    request(result.clone());
+                    (request.send)(result.clone());
                 }
             }
         };
@@ -1481,6 +1525,38 @@ mod tests {
             "{refused:?}"
         );
         drop((calls, release));
+    }
+
+    /// Requests whose callers stopped waiting make room among those waiting for the
+    /// connection to open: a full queue of them used to refuse every new request until the
+    /// open ended (up to the connect timeout), while holding each one's keys and token.
+    #[tokio::test(flavor = "current_thread")]
+    async fn requests_nobody_waits_for_make_room_while_the_connection_opens() {
+        let cluster = Cluster::start(1).await.unwrap();
+        cluster.node(0).pause();
+        let node = node_of(&cluster, Duration::from_secs(30));
+        let token = Token::random().unwrap();
+        let op = || {
+            Arc::new(Op::Acquire {
+                stamped: true,
+                keys: vec!["redlock:lock:room".to_owned()].into(),
+                token: token.clone(),
+                ttl_ms: 10_000,
+                rearm: false,
+                checked: false,
+                reach: None,
+            })
+        };
+        let gone: Vec<_> = (0..REQUEST_QUEUE).map(|_| node.run(op(), None)).collect();
+        drop(gone);
+        let next = node.run(op(), None).now_or_never();
+        let waiting = lock(&node.slot).queue.len();
+        cluster.node(0).resume();
+        assert!(
+            next.is_none(),
+            "a request after {REQUEST_QUEUE} abandoned ones was answered at once: {next:?}"
+        );
+        assert_eq!(waiting, 1, "requests waiting for the connection to open");
     }
 
     /// A release whose caller stops waiting right after handing it to the connection (a
