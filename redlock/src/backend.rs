@@ -379,8 +379,10 @@ pub(crate) trait Backend: Send + Sync + 'static {
         let _ = i;
         None
     }
-    /// Whether `connection` (from [`Backend::connection`]) is still node `i`'s connection.
-    fn still_on(&self, i: usize, connection: u64) -> bool {
+    /// Whether `connection` (from [`Backend::connection`]) is still node `i`'s connection and
+    /// not one that has gone silent (no answer for longer than the connect timeout, which only
+    /// requests made on it get checked and replaced).
+    fn still_answering(&self, i: usize, connection: u64) -> bool {
         let _ = (i, connection);
         false
     }

@@ -528,15 +528,20 @@ impl<B: Backend> Renewer<B> {
             .min(shortest_ttl / 4)
             .max(node_timeout);
         // Past its budget, a node's call is waited for as long as its answer can still decide
-        // a lock: while this batch is deciding, some lock of it is still valid, and the call's
-        // connection is still the node's. A node answers one connection's requests in order,
-        // so the call tried again would go out behind this one and could not be answered
-        // sooner; given up, a renewal slower than its budget (a slow link, or load on top of
-        // one) was lost with the validity the retry had left (test `leases::a_renewal_
+        // a lock and no retry could do better: while this batch is deciding, some lock of it
+        // is still valid, every node that ended its call answered, and the call's connection
+        // is still the node's and not silent. A node answers one connection's requests in
+        // order, so the call tried again would go out behind this one and could not be
+        // answered sooner; given up, a renewal slower than its budget (a slow link, or load on
+        // top of one) was lost with the validity the retry had left (test `leases::a_renewal_
         // answered_after_its_budget_but_within_the_validity_keeps_the_lock`: 200 of 200 lost
-        // over a 600 ms round trip). A connection replaced meanwhile ends the wait: the retry
-        // goes out on the new one.
-        let deciding = Arc::new(AtomicBool::new(true));
+        // over a 600 ms round trip). A retry does better when another node failed (it may be
+        // back: `leases::a_renewal_is_retried_when_a_node_fails_while_another_hangs`), or when
+        // the connection was replaced or went silent: only requests made on a silent
+        // connection get it checked and replaced (`silent_connections::a_guard_keeps_its_
+        // lock_when_a_needed_nodes_connection_goes_silent`). Both lost the lock in review of
+        // the first version of this wait.
+        let wait_on = Arc::new(AtomicBool::new(true));
         let useful_until = chunk
             .iter()
             .map(|h| Instant::now() + h.valid_until().remaining())
@@ -547,20 +552,23 @@ impl<B: Backend> Renewer<B> {
                 let sent_on = self.backend.connection(i);
                 let call = engine::handed_over(self.backend.extend_many(i, Arc::clone(&batch)));
                 let backend = Arc::clone(&self.backend);
-                let deciding = Arc::clone(&deciding);
+                let wait_on = Arc::clone(&wait_on);
                 async move {
                     let mut call = std::pin::pin!(call);
                     let mut answer = tokio::time::timeout(budget, &mut call).await;
                     let check = (budget / 4).max(Duration::from_millis(5));
                     while answer.is_err()
-                        && deciding.load(Ordering::Acquire)
-                        && sent_on.is_some_and(|c| backend.still_on(i, c))
+                        && wait_on.load(Ordering::Acquire)
+                        && sent_on.is_some_and(|c| backend.still_answering(i, c))
                     {
                         let left = useful_until.saturating_duration_since(Instant::now());
                         if left.is_zero() {
                             break;
                         }
                         answer = tokio::time::timeout(check.min(left), &mut call).await;
+                    }
+                    if !matches!(answer, Ok(Ok(_))) {
+                        wait_on.store(false, Ordering::Release);
                     }
                     (i, answer, started.elapsed())
                 }
@@ -604,8 +612,9 @@ impl<B: Backend> Renewer<B> {
                 }
             }
         }
-        // Nodes still to answer are read on (below) only within their budget.
-        deciding.store(false, Ordering::Release);
+        // Nodes still to answer are read on (below) about within their budget: a call past it
+        // ends at its next check.
+        wait_on.store(false, Ordering::Release);
         telemetry::renewal_round(started.elapsed());
         let now = Instant::now();
         // No lock's next round comes sooner than one tick of its interval after this round

@@ -334,14 +334,35 @@ async fn a_renewal_answered_after_its_budget_but_within_the_validity_keeps_the_l
     );
 }
 
-/// Takes `count` guarded locks (TTL 2 s) on three proxied nodes, delays every packet by
-/// `delay_ms` each way for `secs` seconds, and answers how many of the locks were lost then.
-async fn guarded_locks_lost_over_a_slow_link(
-    count: usize,
-    node_timeout: Duration,
-    delay_ms: u64,
-    secs: u64,
-) -> usize {
+/// A renewal waits past its budget only while no retry could do better. With node 2 hung (its
+/// connection kept, so the wait for it goes on) and node 1's connection reset during a round,
+/// only a retry can reach a quorum once node 1 is back; the wait for node 2 must end when node
+/// 1 fails. Found in review of that wait, which lasted until the validity ran out and lost the
+/// lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_is_retried_when_a_node_fails_while_another_hangs() {
+    let (cluster, rl) = proxied_three(Duration::from_secs(3), LEASE_NODE_TIMEOUT).await;
+    let guard = rl
+        .guard(rl.try_acquire("hang-and-fail").await.expect("granted"))
+        .unwrap();
+    cluster.node(2).pause();
+    let proxy = cluster.node(1).proxy().expect("proxied");
+    // The first renewal is due about 1 s after the grant.
+    proxy.partition();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    proxy.heal();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let lost = guard.is_lost();
+    cluster.node(2).resume();
+    assert!(
+        !lost,
+        "the guarded lock was lost although nodes 0 and 1 answered for 3 s"
+    );
+    guard.release().await.ok();
+}
+
+/// Three nodes behind fault proxies, and a client of them with every connection open.
+async fn proxied_three(ttl: Duration, node_timeout: Duration) -> (Cluster, Redlock) {
     let cluster = Cluster::builder()
         .nodes(3)
         .proxied(true)
@@ -350,11 +371,23 @@ async fn guarded_locks_lost_over_a_slow_link(
         .unwrap();
     let rl = Redlock::builder()
         .nodes(cluster.urls())
-        .ttl(Duration::from_secs(2))
+        .ttl(ttl)
         .node_timeout(node_timeout)
         .build()
         .unwrap();
     rl.connect().await;
+    (cluster, rl)
+}
+
+/// Takes `count` guarded locks (TTL 2 s) on three proxied nodes, delays every packet by
+/// `delay_ms` each way for `secs` seconds, and answers how many of the locks were lost then.
+async fn guarded_locks_lost_over_a_slow_link(
+    count: usize,
+    node_timeout: Duration,
+    delay_ms: u64,
+    secs: u64,
+) -> usize {
+    let (cluster, rl) = proxied_three(Duration::from_secs(2), node_timeout).await;
     let mut guards = Vec::new();
     for chunk in (0..count).collect::<Vec<_>>().chunks(500) {
         let locks = futures_util::future::join_all(

@@ -76,12 +76,9 @@ impl Freezer {
     }
 }
 
-/// The node behind a silent connection is healthy: the client must stop using that connection
-/// and open a new one, instead of losing the node's vote for as long as the old TCP session
-/// lives (forever here; up to the kernel's retransmission limit, about 15 minutes, on a real
-/// network). Node 2 is paused, so every acquire needs node 0.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_silent_connection_to_a_healthy_node_is_replaced() {
+/// Three nodes, node 0 behind a [`Freezer`], and a client of them (`ttl`, 50 ms node timeout,
+/// 300 ms connect timeout, one attempt per acquire).
+async fn behind_a_freezer(ttl: Duration) -> (Cluster, Freezer, Redlock) {
     let cluster = Cluster::start(3).await.unwrap();
     let freezer = Freezer::start(cluster.node(0).addr()).await;
     let urls = vec![
@@ -91,12 +88,22 @@ async fn a_silent_connection_to_a_healthy_node_is_replaced() {
     ];
     let rl = Redlock::builder()
         .nodes(urls)
-        .ttl(Duration::from_secs(2))
+        .ttl(ttl)
         .node_timeout(Duration::from_millis(50))
         .connect_timeout(Duration::from_millis(300))
         .retry(RetryPolicy::once())
         .build()
         .unwrap();
+    (cluster, freezer, rl)
+}
+
+/// The node behind a silent connection is healthy: the client must stop using that connection
+/// and open a new one, instead of losing the node's vote for as long as the old TCP session
+/// lives (forever here; up to the kernel's retransmission limit, about 15 minutes, on a real
+/// network). Node 2 is paused, so every acquire needs node 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_connection_to_a_healthy_node_is_replaced() {
+    let (cluster, freezer, rl) = behind_a_freezer(Duration::from_secs(2)).await;
     for report in rl.connect().await {
         assert!(
             matches!(report.outcome, redlock::NodeOutcome::Confirmed),
@@ -175,4 +182,33 @@ async fn a_hung_server_keeps_its_connection_and_leaves_no_keys() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let left = cluster.keys("redlock:lock:*").await;
     assert!(left.is_empty(), "keys left behind: {left:?}");
+}
+
+/// The same silent connection under a guarded lock: with node 2 paused, every renewal needs
+/// node 0. A renewal waits past its budget for a node whose connection is still the one it
+/// went out on (a retry there would queue behind it), but a silent connection is found only by
+/// the requests made on it, so the wait must end once the connection has been silent for the
+/// connect timeout: the retry then gets it checked and replaced. Found in review of that wait,
+/// which lasted until the validity ran out and lost the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_keeps_its_lock_when_a_needed_nodes_connection_goes_silent() {
+    let (cluster, freezer, rl) = behind_a_freezer(Duration::from_secs(3)).await;
+    rl.connect().await;
+    let guard = rl
+        .guard(
+            rl.try_acquire("guarded")
+                .await
+                .expect("a healthy cluster grants"),
+        )
+        .unwrap();
+    freezer.freeze();
+    cluster.node(2).pause();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let lost = guard.is_lost();
+    cluster.node(2).resume();
+    assert!(
+        !lost,
+        "the guarded lock was lost while node 0's server answered new connections"
+    );
+    guard.release().await.ok();
 }

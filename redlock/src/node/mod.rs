@@ -580,12 +580,12 @@ impl RedisNode {
         slot.live.as_ref().map(|l| l.generation)
     }
 
-    /// Whether connection `generation` is still the one requests go out on.
-    pub(crate) fn still_on(&self, generation: u64) -> bool {
-        lock(&self.slot)
-            .live
-            .as_ref()
-            .is_some_and(|l| l.generation == generation)
+    /// Whether connection `generation` is still the one requests go out on, and has answered
+    /// within the connect timeout (see [`RedisNode::check_silence`]).
+    pub(crate) fn still_answering(&self, generation: u64) -> bool {
+        lock(&self.slot).live.as_ref().is_some_and(|l| {
+            l.generation == generation && !l.heard.silent_for(self.micros(), self.connect_timeout)
+        })
     }
 
     /// Opens the connection now (if it is not open), waiting for the outcome.
@@ -1415,8 +1415,8 @@ impl Backend for RedisBackend {
         self.nodes[i].connection()
     }
 
-    fn still_on(&self, i: usize, connection: u64) -> bool {
-        self.nodes[i].still_on(connection)
+    fn still_answering(&self, i: usize, connection: u64) -> bool {
+        self.nodes[i].still_answering(connection)
     }
 
     fn renewal_cost(&self, i: usize) -> Option<Duration> {
