@@ -527,51 +527,27 @@ impl<B: Backend> Renewer<B> {
         let budget = (node_timeout * 2 + per_lock)
             .min(shortest_ttl / 4)
             .max(node_timeout);
-        // Past its budget, a node's call is waited for as long as its answer can still decide
-        // a lock and no retry could do better: while this batch is deciding, some lock of it
-        // is still valid, every node that ended its call answered, and the call's connection
-        // is still the node's and not silent. A node answers one connection's requests in
-        // order, so the call tried again would go out behind this one and could not be
-        // answered sooner; given up, a renewal slower than its budget (a slow link, or load on
-        // top of one) was lost with the validity the retry had left (test `leases::a_renewal_
-        // answered_after_its_budget_but_within_the_validity_keeps_the_lock`: 200 of 200 lost
-        // over a 600 ms round trip). A retry does better when another node failed (it may be
-        // back: `leases::a_renewal_is_retried_when_a_node_fails_while_another_hangs`), or when
-        // the connection was replaced or went silent: only requests made on a silent
-        // connection get it checked and replaced (`silent_connections::a_guard_keeps_its_
-        // lock_when_a_needed_nodes_connection_goes_silent`). Both lost the lock in review of
-        // the first version of this wait.
-        let wait_on = Arc::new(AtomicBool::new(true));
+        // Each node's part of the round goes on until the round is decided (see
+        // [`renew_on_node`]): its call waited for past the budget while a retry could not do
+        // better, and sent again after a failure.
+        let deciding = Arc::new(AtomicBool::new(true));
         let useful_until = chunk
             .iter()
             .map(|h| Instant::now() + h.valid_until().remaining())
             .max()
             .unwrap_or(started);
+        let every = chunk.iter().map(|h| h.every).min().unwrap_or(shortest_ttl);
         let mut calls: FuturesUnordered<_> = (0..n)
             .map(|i| {
-                let sent_on = self.backend.connection(i);
-                let call = engine::handed_over(self.backend.extend_many(i, Arc::clone(&batch)));
-                let backend = Arc::clone(&self.backend);
-                let wait_on = Arc::clone(&wait_on);
-                async move {
-                    let mut call = std::pin::pin!(call);
-                    let mut answer = tokio::time::timeout(budget, &mut call).await;
-                    let check = (budget / 4).max(Duration::from_millis(5));
-                    while answer.is_err()
-                        && wait_on.load(Ordering::Acquire)
-                        && sent_on.is_some_and(|c| backend.still_answering(i, c))
-                    {
-                        let left = useful_until.saturating_duration_since(Instant::now());
-                        if left.is_zero() {
-                            break;
-                        }
-                        answer = tokio::time::timeout(check.min(left), &mut call).await;
-                    }
-                    if !matches!(answer, Ok(Ok(_))) {
-                        wait_on.store(false, Ordering::Release);
-                    }
-                    (i, answer, started.elapsed())
-                }
+                let part = NodePart {
+                    i,
+                    budget,
+                    every,
+                    useful_until,
+                    deciding: Arc::clone(&deciding),
+                };
+                let answer = part.run(Arc::clone(&self.backend), Arc::clone(&batch));
+                async move { (i, answer.await, started.elapsed()) }
             })
             .collect();
         let m = chunk.len();
@@ -613,8 +589,8 @@ impl<B: Backend> Renewer<B> {
             }
         }
         // Nodes still to answer are read on (below) about within their budget: a call past it
-        // ends at its next check.
-        wait_on.store(false, Ordering::Release);
+        // ends at its next check, and none is sent again.
+        deciding.store(false, Ordering::Release);
         telemetry::renewal_round(started.elapsed());
         let now = Instant::now();
         // No lock's next round comes sooner than one tick of its interval after this round
@@ -710,6 +686,75 @@ impl<B: Backend> Renewer<B> {
         if sooner {
             self.renewals.wake.notify_one();
         }
+    }
+}
+
+/// One node's part of a renewal round.
+///
+/// Past its budget, the node's call is waited for while its answer can still decide a lock:
+/// while the round is deciding, some lock of it is still valid, and the call's connection is
+/// still the node's and not silent. A node answers one connection's requests in order, so a
+/// call sent again would go out behind this one and could not be answered sooner; given up at
+/// the budget and retried with the round, a renewal slower than its budget (a slow link, or
+/// load on top of one) was lost with the validity the retry had left (test `leases::a_renewal_
+/// answered_after_its_budget_but_within_the_validity_keeps_the_lock`: 200 of 200 lost over a
+/// 600 ms round trip).
+///
+/// A call that failed, or whose connection was replaced or went silent, is sent again to this
+/// node alone after the retry gap, within the same round: the other nodes' calls are not
+/// dropped for it. A first version of the wait ended every node's wait when any node failed
+/// (one dead node of five then brought the slow-link losses back), and before it, the version
+/// that only waited lost the lock when one node hung while another came back from a short
+/// failure (`leases::a_renewal_is_retried_when_a_node_fails_while_another_hangs`) or when a
+/// needed node's connection went silent, which only requests made on it get checked and
+/// replaced (`silent_connections::a_guard_keeps_its_lock_when_a_needed_nodes_connection_goes_
+/// silent`). A call sent later than the round's start can only leave the key longer than the
+/// validity the round counts from its start.
+struct NodePart {
+    i: usize,
+    budget: Duration,
+    every: Duration,
+    useful_until: Instant,
+    deciding: Arc<AtomicBool>,
+}
+
+impl NodePart {
+    async fn run<B: Backend>(self, backend: Arc<B>, batch: Arc<Batch>) -> BatchAnswer {
+        let i = self.i;
+        let check = (self.budget / 4).max(Duration::from_millis(5));
+        loop {
+            let sent_on = backend.connection(i);
+            let mut call = std::pin::pin!(engine::handed_over(
+                backend.extend_many(i, Arc::clone(&batch))
+            ));
+            let mut answer = tokio::time::timeout(self.budget, &mut call).await;
+            while answer.is_err()
+                && self.deciding()
+                && sent_on.is_some_and(|c| backend.still_answering(i, c))
+            {
+                let left = self.useful_until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                answer = tokio::time::timeout(check.min(left), &mut call).await;
+            }
+            if matches!(answer, Ok(Ok(_))) || !self.deciding() {
+                return answer;
+            }
+            let left = self.useful_until.saturating_duration_since(Instant::now());
+            let gap = retry_gap(self.every, left);
+            if left <= gap {
+                return answer;
+            }
+            tokio::time::sleep(gap).await;
+            if !self.deciding() {
+                return answer;
+            }
+        }
+    }
+
+    fn deciding(&self) -> bool {
+        self.deciding.load(Ordering::Acquire)
     }
 }
 
