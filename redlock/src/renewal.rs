@@ -551,26 +551,40 @@ impl<B: Backend> Renewer<B> {
             })
             .collect();
         let m = chunk.len();
-        let mut outcomes = vec![vec![NodeOutcome::Pending; n]; m];
-        let mut missing: Vec<Vec<usize>> = vec![Vec::new(); m];
-        let mut yes = vec![0usize; m];
-        let mut decided: Vec<Option<(bool, Duration)>> = vec![None; m];
         let mut undecided = m;
         let mut pending = n;
-        // Decide each lock as soon as its quorum outcome is known; a hung or slow minority node
-        // is not waited for.
+        let mut round = Round {
+            started,
+            outcomes: vec![vec![NodeOutcome::Pending; n]; m],
+            missing: vec![Vec::new(); m],
+            yes: vec![0; m],
+            decided: vec![None; m],
+            settled: vec![false; m],
+            renewed_at: vec![false; m],
+            repairable: Vec::new(),
+            renewed: 0,
+        };
+        // Decide each lock as soon as its quorum outcome is known, and settle it then: a hung
+        // or slow minority node is not waited for, and a lock decided is not held up by the
+        // others of its round (a round stays open for as long as one of them is undecided and
+        // its nodes are asked again; the decided ones used to keep their old deadlines until
+        // then, and expired: test `renewal_attacks::a_lock_decided_in_a_round_does_not_wait_
+        // for_an_undecided_one`).
         while undecided > 0 {
             let Some((i, answer, waited)) = calls.next().await else {
                 break;
             };
             pending -= 1;
             let answer: &BatchAnswer = &answer;
-            for j in 0..m {
+            let mut now_decided = Vec::new();
+            for (j, held) in chunk.iter().enumerate() {
                 let outcome = match answer {
                     Ok(Ok(v)) => match v.get(j) {
                         Some(Renewed::Extended) => NodeOutcome::Confirmed,
                         Some(Renewed::Missing) => {
-                            missing[j].push(i);
+                            round.missing[j].push(i);
+                            let at = (j, held);
+                            round.missing_after(at, i, &self.backend, self.config.node_timeout);
                             NodeOutcome::Refused
                         }
                         _ => NodeOutcome::Refused,
@@ -578,85 +592,31 @@ impl<B: Backend> Renewer<B> {
                     Ok(Err(e)) => NodeOutcome::Failed(e.clone()),
                     Err(_) => NodeOutcome::TimedOut { after: waited },
                 };
-                yes[j] += usize::from(outcome == NodeOutcome::Confirmed);
-                outcomes[j][i] = outcome;
-                if decided[j].is_none()
-                    && let Some(ok) = engine::verdict(yes[j], pending, quorum)
+                round.yes[j] += usize::from(outcome == NodeOutcome::Confirmed);
+                round.outcomes[j][i] = outcome;
+                if round.decided[j].is_none()
+                    && let Some(ok) = engine::verdict(round.yes[j], pending, quorum)
                 {
-                    decided[j] = Some((ok, started.elapsed()));
+                    round.decided[j] = Some((ok, started.elapsed()));
                     undecided -= 1;
+                    now_decided.push(j);
                 }
             }
+            self.settle_all(&mut round, chunk, now_decided);
         }
         // Nodes still to answer are read on (below) about within their budget: a call past it
         // ends at its next check, and none is sent again.
         deciding.store(false, Ordering::Release);
         telemetry::renewal_round(started.elapsed());
-        let now = Instant::now();
-        // No lock's next round comes sooner than one tick of its interval after this round
-        // started: the driver takes everything due before the current tick ends, so a lock
-        // rescheduled inside that tick (an interval under the 5 ms shortest tick, or a retry
-        // gap of a few milliseconds as the validity runs out) used to be taken again as soon as
-        // this round ended, and renewals ran back to back (tests `leases::renewals_shorter_
-        // than_a_tick_come_once_per_tick`, `…failed_renewals_are_not_retried_back_to_back`).
-        let next_round = |held: &Held| started + tick(held.every) + Duration::from_nanos(1);
-        let mut rescheduled = Vec::new();
-        let mut renewed = 0u64;
-        // Locks renewed at their quorum, by place in the batch: a node answering after the
-        // quorum that it lost their keys still gets them put back.
-        let mut repairable = Vec::new();
-        for (j, held) in chunk.iter().enumerate() {
-            let (ok, elapsed) = decided[j].unwrap_or((false, started.elapsed()));
-            let decision = Decision {
-                success: ok,
-                outcomes: std::mem::take(&mut outcomes[j]),
-                claims: Vec::new(),
-                heard: Vec::new(),
-                positive: yes[j],
-                needed: quorum,
-            };
-            // The lock's own TTL: the one this batch sent the nodes.
-            let result = Judge::new(Phase::Extend, &held.resources, held.ttl, &self.config)
-                .min_validity(held.min_validity)
-                .judge(&decision, &*self.backend, elapsed);
-            renewed += u64::from(result.is_ok());
-            if held.is_done() || held.lost.is_cancelled() {
-                continue;
-            }
-            match result {
-                Ok(valid_for) => {
-                    let deadline = Deadline::after(started, valid_for);
-                    *held
-                        .valid_until
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner) = deadline;
-                    let most = renewed_validity(held.ttl, self.config.drift_factor);
-                    let due = due_at(&deadline, most, held.every, now).max(next_round(held));
-                    rescheduled.push((due, held.id, Some(deadline.mono().min(held.hold_until))));
-                    repair(&self.backend, self.config.node_timeout, held, &missing[j]);
-                    repairable.push((j, Arc::clone(held)));
-                }
-                // The key is held by another token on too many nodes: definitely lost.
-                Err(error @ Error::NotHeld { .. }) => {
-                    held.fire(LostReason::RenewalFailed(Box::new(error)));
-                    self.renewals.remove(held.id);
-                }
-                // Unknown (nodes failed or were slow): try again while validity remains; the
-                // driver fires `Expired` at the deadline if no renewal gets through by then.
-                Err(error) => {
-                    let left = held.valid_until().remaining();
-                    tracing::debug!(token = %held.token, %error, ?left, "renewal failed; retrying within the validity");
-                    let at = (now + retry_gap(held.every, left)).max(next_round(held));
-                    rescheduled.push((at, held.id, None));
-                }
-            }
-        }
-        telemetry::renewal_outcomes(renewed, chunk.len() as u64 - renewed);
-        if !calls.is_empty() && !repairable.is_empty() {
+        let unsettled: Vec<usize> = (0..m).filter(|&j| !round.settled[j]).collect();
+        self.settle_all(&mut round, chunk, unsettled);
+        telemetry::renewal_outcomes(round.renewed, chunk.len() as u64 - round.renewed);
+        if !calls.is_empty() && !round.repairable.is_empty() {
             // The node that lost keys is often the last to answer (a new connection, an empty
             // script cache): its answers, each bounded by the batch budget, are read on.
             let backend = Arc::clone(&self.backend);
             let node_timeout = self.config.node_timeout;
+            let repairable = round.repairable;
             tokio::spawn(async move {
                 while let Some((i, answer, _)) = calls.next().await {
                     let Ok(Ok(renewed)) = &answer else {
@@ -670,9 +630,99 @@ impl<B: Backend> Renewer<B> {
                 }
             });
         }
+    }
+
+    /// Settles locks `js` of a round (see [`Renewer::settle`]) and hands them back to the
+    /// driver.
+    fn settle_all(&self, round: &mut Round, chunk: &[Arc<Held>], js: Vec<usize>) {
+        let settled: Vec<_> = js
+            .into_iter()
+            .filter_map(|j| self.settle(round, j, &chunk[j]))
+            .collect();
+        self.reschedule(settled);
+    }
+
+    /// Judges lock `j` of a round from its decision (`None`: undecided when the round ended)
+    /// and applies the outcome: a new deadline and its next renewal, a loss, or a retry.
+    /// Answers when and how the driver is to take it up again.
+    fn settle(
+        &self,
+        round: &mut Round,
+        j: usize,
+        held: &Arc<Held>,
+    ) -> Option<(Instant, u64, Option<Instant>)> {
+        round.settled[j] = true;
+        let started = round.started;
+        let (ok, elapsed) = round.decided[j].unwrap_or((false, started.elapsed()));
+        let decision = Decision {
+            success: ok,
+            outcomes: std::mem::take(&mut round.outcomes[j]),
+            claims: Vec::new(),
+            heard: Vec::new(),
+            positive: round.yes[j],
+            needed: engine::quorum(self.backend.len()),
+        };
+        let missing = std::mem::take(&mut round.missing[j]);
+        // The lock's own TTL: the one this batch sent the nodes.
+        let result = Judge::new(Phase::Extend, &held.resources, held.ttl, &self.config)
+            .min_validity(held.min_validity)
+            .judge(&decision, &*self.backend, elapsed);
+        round.renewed += u64::from(result.is_ok());
+        if held.is_done() || held.lost.is_cancelled() {
+            return None;
+        }
+        let now = Instant::now();
+        // No lock's next round comes sooner than one tick of its interval after this round
+        // started: the driver takes everything due before the current tick ends, so a lock
+        // rescheduled inside that tick (an interval under the 5 ms shortest tick, or a retry
+        // gap of a few milliseconds as the validity runs out) used to be taken again as soon as
+        // this round ended, and renewals ran back to back (tests `leases::renewals_shorter_
+        // than_a_tick_come_once_per_tick`, `…failed_renewals_are_not_retried_back_to_back`).
+        let next_round = started + tick(held.every) + Duration::from_nanos(1);
+        match result {
+            Ok(valid_for) => {
+                let deadline = Deadline::after(started, valid_for);
+                *held
+                    .valid_until
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = deadline;
+                let most = renewed_validity(held.ttl, self.config.drift_factor);
+                let due = due_at(&deadline, most, held.every, now).max(next_round);
+                repair(&self.backend, self.config.node_timeout, held, &missing);
+                // Locks renewed at their quorum: a node answering later that it lost their
+                // keys still gets them put back.
+                round.renewed_at[j] = true;
+                round.repairable.push((j, Arc::clone(held)));
+                Some((due, held.id, Some(deadline.mono().min(held.hold_until))))
+            }
+            // The key is held by another token on too many nodes: definitely lost.
+            Err(error @ Error::NotHeld { .. }) => {
+                held.fire(LostReason::RenewalFailed(Box::new(error)));
+                self.renewals.remove(held.id);
+                None
+            }
+            // Unknown (nodes failed or were slow): try again while validity remains; the
+            // driver fires `Expired` at the deadline if no renewal gets through by then.
+            Err(error) => {
+                let left = held.valid_until().remaining();
+                tracing::debug!(token = %held.token, %error, ?left, "renewal failed; retrying within the validity");
+                Some((
+                    (now + retry_gap(held.every, left)).max(next_round),
+                    held.id,
+                    None,
+                ))
+            }
+        }
+    }
+
+    /// Hands settled locks back to the driver: each one's next round, and its new end.
+    fn reschedule(&self, settled: Vec<(Instant, u64, Option<Instant>)>) {
+        if settled.is_empty() {
+            return;
+        }
         let mut st = self.renewals.lock();
         let mut sooner = false;
-        for (at, id, end) in rescheduled {
+        for (at, id, end) in settled {
             if st.entries.contains_key(&id) {
                 st.due.push(Reverse((at, id)));
                 sooner |= st.next_wake.is_none_or(|w| at < w);
@@ -685,6 +735,42 @@ impl<B: Backend> Renewer<B> {
         // Only a retry due before the driver's next look needs to wake it.
         if sooner {
             self.renewals.wake.notify_one();
+        }
+    }
+}
+
+/// What a renewal round has heard and settled so far, per lock of its batch.
+struct Round {
+    started: Instant,
+    /// Each node's outcome.
+    outcomes: Vec<Vec<NodeOutcome>>,
+    /// The nodes that answered that they lost the lock's keys.
+    missing: Vec<Vec<usize>>,
+    /// How many nodes confirmed.
+    yes: Vec<usize>,
+    /// The verdict, and when it was reached.
+    decided: Vec<Option<(bool, Duration)>>,
+    /// Per lock of the batch: judged and handed back to the driver.
+    settled: Vec<bool>,
+    /// Per lock of the batch: renewed at its quorum.
+    renewed_at: Vec<bool>,
+    /// The locks renewed at their quorum, by place in the batch.
+    repairable: Vec<(usize, Arc<Held>)>,
+    renewed: u64,
+}
+
+impl Round {
+    /// Node `i` answered, after lock `j` was renewed at its quorum, that it lost the lock's
+    /// keys: they are put back there.
+    fn missing_after<B: Backend>(
+        &self,
+        (j, held): (usize, &Arc<Held>),
+        i: usize,
+        backend: &Arc<B>,
+        node_timeout: Duration,
+    ) {
+        if self.renewed_at[j] {
+            repair(backend, node_timeout, held, &[i]);
         }
     }
 }

@@ -10,7 +10,7 @@ mod common;
 
 use std::time::Duration;
 
-use redlock::{LostReason, Redlock, RetryPolicy};
+use redlock::{LockGuard, LostReason, Redlock, RetryPolicy};
 use redlock_testkit::Cluster;
 
 const NODE_TIMEOUT: Duration = Duration::from_millis(200);
@@ -75,17 +75,11 @@ async fn stop_renewal_after_a_lost_renewal_does_not_report_validity() {
     );
 }
 
-/// Renewals are batched per node: one `EXTEND_MANY` script call renews every lock due in a
-/// tick. When one lock's key has been overwritten with a value of another type (a hash), the
-/// script raises WRONGTYPE for the whole call, so every other lock in the batch fails its
-/// renewal on every node too — and since the failed ones are all retried on the same gap,
-/// they keep sharing batches with the bad one until their validity ends. One broken lock must
-/// not cost the other guarded locks their leases (the group-commit script isolates failing
-/// requests for exactly this reason: `one_failing_request_does_not_fail_its_batch`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_broken_lock_does_not_fail_the_renewals_batched_with_it() {
+/// Three nodes; ten guarded locks `good-0..9` (TTL 1.5 s) and one more, `odd` (TTL 30 s),
+/// all renewed every 200 ms (tick 25 ms; a failed renewal is retried after 50 ms), so that
+/// they share renewal rounds.
+async fn ten_good_guards_and_one(odd: &str) -> (Cluster, Redlock, Vec<LockGuard>, LockGuard) {
     let cluster = Cluster::start(3).await.unwrap();
-    // Renewed every 200 ms (tick 25 ms); a failed renewal is retried after 50 ms.
     let rl = builder(cluster.urls(), Duration::from_millis(1500))
         .renew_every(Duration::from_millis(200))
         .build()
@@ -97,13 +91,58 @@ async fn one_broken_lock_does_not_fail_the_renewals_batched_with_it() {
                 .unwrap(),
         );
     }
-    // The broken lock has a long TTL, so it keeps being retried for the whole test.
-    let bad = rl
-        .lock("bad")
+    let odd = rl
+        .lock(odd)
         .ttl(Duration::from_secs(30))
         .guard()
         .await
         .unwrap();
+    (cluster, rl, good, odd)
+}
+
+/// A renewal round is decided lock by lock, and a lock decided must not wait for the others:
+/// with node 2 dead, a lock refused by node 1 (its key there holds another value) is
+/// undecided for as long as node 2 is asked again, which is as long as that lock is valid.
+/// The good locks batched with it reach their quorum on nodes 0 and 1 at once; their renewed
+/// validity must count from then, not from the end of the round. Found in review of the
+/// per-node renewal retries, where they kept their old deadlines and expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_decided_in_a_round_does_not_wait_for_an_undecided_one() {
+    // A long TTL for the odd one: the round that holds it is undecided for as long as it is
+    // valid.
+    let (cluster, _rl, good, undecided) = ten_good_guards_and_one("undecided").await;
+    let mut c = cluster.node(1).connection().await.unwrap();
+    let () = redlock_testkit::redis::cmd("SET")
+        .arg("redlock:lock:undecided")
+        .arg("another holder")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    cluster.node(2).kill();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let lost: Vec<(String, Option<LostReason>)> = good
+        .iter()
+        .filter(|g| g.is_lost())
+        .map(|g| (g.resources()[0].clone(), g.reason()))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "good locks lost while nodes 0 and 1 renewed them: {lost:?}"
+    );
+    drop(undecided);
+}
+
+/// Renewals are batched per node: one `EXTEND_MANY` script call renews every lock due in a
+/// tick. When one lock's key has been overwritten with a value of another type (a hash), the
+/// script raises WRONGTYPE for the whole call, so every other lock in the batch fails its
+/// renewal on every node too — and since the failed ones are all retried on the same gap,
+/// they keep sharing batches with the bad one until their validity ends. One broken lock must
+/// not cost the other guarded locks their leases (the group-commit script isolates failing
+/// requests for exactly this reason: `one_failing_request_does_not_fail_its_batch`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_broken_lock_does_not_fail_the_renewals_batched_with_it() {
+    // The broken lock has a long TTL, so it keeps being retried for the whole test.
+    let (cluster, _rl, good, bad) = ten_good_guards_and_one("bad").await;
     // The bad lock's key becomes a hash on every node.
     for i in 0..3 {
         let mut c = cluster.node(i).connection().await.unwrap();
