@@ -578,13 +578,24 @@ impl<B: Backend> Renewer<B> {
             let answer: &BatchAnswer = &answer;
             let mut now_decided = Vec::new();
             for (j, held) in chunk.iter().enumerate() {
+                // A lock settled on an earlier answer keeps its tally as it was judged (the
+                // first version of this loop indexed the tally the settling had taken, and
+                // panicked: test `renewal_attacks::locks_decided_on_different_answers_of_a_
+                // round_are_all_renewed`); a node telling that it lost the keys of a lock
+                // renewed at its quorum gets them put back.
+                if round.settled[j] {
+                    if let Ok(Ok(v)) = answer
+                        && matches!(v.get(j), Some(Renewed::Missing))
+                    {
+                        round.missing_after((j, held), i, &self.backend, self.config.node_timeout);
+                    }
+                    continue;
+                }
                 let outcome = match answer {
                     Ok(Ok(v)) => match v.get(j) {
                         Some(Renewed::Extended) => NodeOutcome::Confirmed,
                         Some(Renewed::Missing) => {
                             round.missing[j].push(i);
-                            let at = (j, held);
-                            round.missing_after(at, i, &self.backend, self.config.node_timeout);
                             NodeOutcome::Refused
                         }
                         _ => NodeOutcome::Refused,

@@ -132,6 +132,43 @@ async fn a_lock_decided_in_a_round_does_not_wait_for_an_undecided_one() {
     drop(undecided);
 }
 
+/// A round whose locks are decided on different answers: one lock is refused by node 1 (its
+/// key there holds another value), so after nodes 1 and 0 (or 2) answered the other locks are
+/// renewed and that one is still undecided until the third node answers. The third answer must
+/// still be counted for it, and must not touch the locks settled before it: the first version
+/// of settling locks as they are decided indexed their emptied tallies there and panicked in
+/// the renewal task, which dropped every round in flight (found in review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_decided_on_different_answers_of_a_round_are_all_renewed() {
+    let (cluster, _rl, good, refused) = ten_good_guards_and_one("refused-on-one").await;
+    let mut c = cluster.node(1).connection().await.unwrap();
+    let () = redlock_testkit::redis::cmd("SET")
+        .arg("redlock:lock:refused-on-one")
+        .arg("another holder")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let lost: Vec<(String, Option<LostReason>)> = good
+        .iter()
+        .chain([&refused])
+        .filter(|g| g.is_lost())
+        .map(|g| (g.resources()[0].clone(), g.reason()))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "locks lost while two of three nodes renewed them: {lost:?}"
+    );
+    // Renewed every 200 ms, its 30 s TTL never runs down by much; a round that stops short
+    // of settling it leaves it unrenewed.
+    let left = refused.remaining();
+    assert!(
+        left > Duration::from_secs(28),
+        "the lock refused by one node was not renewed for {:?}",
+        Duration::from_secs(30).saturating_sub(left)
+    );
+}
+
 /// Renewals are batched per node: one `EXTEND_MANY` script call renews every lock due in a
 /// tick. When one lock's key has been overwritten with a value of another type (a hash), the
 /// script raises WRONGTYPE for the whole call, so every other lock in the batch fails its
