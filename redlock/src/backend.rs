@@ -379,10 +379,11 @@ pub(crate) trait Backend: Send + Sync + 'static {
         let _ = i;
         None
     }
-    /// Whether `connection` (from [`Backend::connection`]) is still node `i`'s connection and
-    /// not one that has gone silent (no answer for longer than the connect timeout, which only
-    /// requests made on it get checked and replaced).
-    fn still_answering(&self, i: usize, connection: u64) -> bool {
+    /// Whether `connection` (from [`Backend::connection`]) is still node `i`'s connection,
+    /// asked by a caller waiting on a request it sent there: the backend checks the connection
+    /// as a new request on it would, which replaces it (later, in the background) if it has
+    /// gone silent while its server answers.
+    fn still_current(&self, i: usize, connection: u64) -> bool {
         let _ = (i, connection);
         false
     }

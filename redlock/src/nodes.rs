@@ -109,11 +109,11 @@ impl Backend for Nodes {
     }
 
     #[inline]
-    fn still_answering(&self, i: usize, connection: u64) -> bool {
+    fn still_current(&self, i: usize, connection: u64) -> bool {
         match self {
-            Self::Redis(b) => b.still_answering(i, connection),
+            Self::Redis(b) => b.still_current(i, connection),
             #[cfg(feature = "simulation")]
-            Self::Sim(b) => b.still_answering(i, connection),
+            Self::Sim(b) => b.still_current(i, connection),
         }
     }
 

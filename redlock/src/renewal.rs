@@ -790,23 +790,26 @@ impl Round {
 ///
 /// Past its budget, the node's call is waited for while its answer can still decide a lock:
 /// while the round is deciding, some lock of it is still valid, and the call's connection is
-/// still the node's and not silent. A node answers one connection's requests in order, so a
+/// still the node's (checked while waited on). A node answers one connection's requests in order, so a
 /// call sent again would go out behind this one and could not be answered sooner; given up at
 /// the budget and retried with the round, a renewal slower than its budget (a slow link, or
 /// load on top of one) was lost with the validity the retry had left (test `leases::a_renewal_
 /// answered_after_its_budget_but_within_the_validity_keeps_the_lock`: 200 of 200 lost over a
 /// 600 ms round trip).
 ///
-/// A call that failed, or whose connection was replaced or went silent, is sent again to this
-/// node alone after the retry gap, within the same round: the other nodes' calls are not
-/// dropped for it. A first version of the wait ended every node's wait when any node failed
-/// (one dead node of five then brought the slow-link losses back), and before it, the version
-/// that only waited lost the lock when one node hung while another came back from a short
-/// failure (`leases::a_renewal_is_retried_when_a_node_fails_while_another_hangs`) or when a
-/// needed node's connection went silent, which only requests made on it get checked and
-/// replaced (`silent_connections::a_guard_keeps_its_lock_when_a_needed_nodes_connection_goes_
-/// silent`). A call sent later than the round's start can only leave the key longer than the
-/// validity the round counts from its start.
+/// A call that failed is sent again to this node alone after the retry gap, within the same
+/// round, and one whose connection was replaced is sent again at once: the other nodes' calls
+/// are not dropped for it. While the call is waited for, its connection is checked as a new
+/// request on it would check it, so a connection that went silent while its server answers is
+/// replaced. A first version of the wait ended every node's wait when any node failed (one
+/// dead node of five then brought the slow-link losses back), and before it, the version that
+/// only waited lost the lock when one node hung while another came back from a short failure
+/// (`leases::a_renewal_is_retried_when_a_node_fails_while_another_hangs`) or when a needed
+/// node's connection went silent (`silent_connections::a_guard_keeps_its_lock_when_a_needed_
+/// nodes_connection_goes_silent`); the next version ended the wait once the connection had
+/// been silent for the connect timeout and resent after the retry gap, to get it checked, and
+/// came back too late under load in the same test. A call sent later than the round's start
+/// can only leave the key longer than the validity the round counts from its start.
 struct NodePart {
     i: usize,
     budget: Duration,
@@ -825,10 +828,13 @@ impl NodePart {
                 backend.extend_many(i, Arc::clone(&batch))
             ));
             let mut answer = tokio::time::timeout(self.budget, &mut call).await;
-            while answer.is_err()
-                && self.deciding()
-                && sent_on.is_some_and(|c| backend.still_answering(i, c))
-            {
+            let mut replaced = false;
+            while answer.is_err() && self.deciding() {
+                let Some(connection) = sent_on else { break };
+                if !backend.still_current(i, connection) {
+                    replaced = true;
+                    break;
+                }
                 let left = self.useful_until.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     break;
@@ -839,8 +845,14 @@ impl NodePart {
                 return answer;
             }
             let left = self.useful_until.saturating_duration_since(Instant::now());
-            let gap = retry_gap(self.every, left);
-            if left <= gap {
+            // A call waited for until its connection was replaced goes out again at once, on
+            // the new connection; a failed one after the retry gap.
+            let gap = if replaced {
+                Duration::ZERO
+            } else {
+                retry_gap(self.every, left)
+            };
+            if left <= gap || left.is_zero() {
                 return answer;
             }
             tokio::time::sleep(gap).await;

@@ -580,12 +580,20 @@ impl RedisNode {
         slot.live.as_ref().map(|l| l.generation)
     }
 
-    /// Whether connection `generation` is still the one requests go out on, and has answered
-    /// within the connect timeout (see [`RedisNode::check_silence`]).
-    pub(crate) fn still_answering(&self, generation: u64) -> bool {
-        lock(&self.slot).live.as_ref().is_some_and(|l| {
-            l.generation == generation && !l.heard.silent_for(self.micros(), self.connect_timeout)
-        })
+    /// Whether connection `generation` is still the one requests go out on. Asked by a caller
+    /// that waits on a request it sent there, so the connection is checked as a new request on
+    /// it would check it (see [`RedisNode::check_silence`]): one that has gone silent gets
+    /// checked, and replaced if its server answers a new connection, without waiting for
+    /// another request to be made on it.
+    pub(crate) fn still_current(self: &Arc<Self>, generation: u64) -> bool {
+        let live = match &lock(&self.slot).live {
+            Some(l) if l.generation != generation => return false,
+            Some(l) if l.heard.silent_for(self.micros(), self.connect_timeout) => l.clone(),
+            Some(_) => return true,
+            None => return false,
+        };
+        self.check_silence(&live);
+        true
     }
 
     /// Opens the connection now (if it is not open), waiting for the outcome.
@@ -694,7 +702,8 @@ impl RedisNode {
     /// silent connection from a hung server: only when the server answers that one, and the
     /// old connection's `PING` stays unanswered for another connect timeout, is the old
     /// connection forgotten, so that the next request opens a new one, as after a broken
-    /// connection.
+    /// connection. Checked when a request is made on the connection, and while a renewal
+    /// waits on a call sent there ([`RedisNode::still_current`]).
     ///
     /// A hung server (`SIGSTOP`, a long fork) keeps its connection: the requests queued on it
     /// run in order when it wakes. Replacing that connection too let a cleanup sent on the new
@@ -1415,8 +1424,8 @@ impl Backend for RedisBackend {
         self.nodes[i].connection()
     }
 
-    fn still_answering(&self, i: usize, connection: u64) -> bool {
-        self.nodes[i].still_answering(connection)
+    fn still_current(&self, i: usize, connection: u64) -> bool {
+        self.nodes[i].still_current(connection)
     }
 
     fn renewal_cost(&self, i: usize) -> Option<Duration> {
