@@ -97,6 +97,30 @@ async fn behind_a_freezer(ttl: Duration) -> (Cluster, Freezer, Redlock) {
     (cluster, freezer, rl)
 }
 
+/// With node 2 paused, tries an acquire (which needs node 0) every 50 ms for up to 4 s, and
+/// resumes node 2; panics, naming what happened to node 0 (`after`), if none was granted.
+async fn node_0_votes_again(cluster: &Cluster, rl: &Redlock, after: &str) {
+    let started = Instant::now();
+    let limit = Duration::from_secs(4);
+    let mut last = None;
+    while started.elapsed() < limit {
+        match rl.try_acquire("after").await {
+            Ok(lock) => {
+                cluster.node(2).resume();
+                rl.release(lock).await.ok();
+                return;
+            }
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cluster.node(2).resume();
+    panic!(
+        "no acquire through the healthy node 0 within {limit:?} after {after}; last error: {}",
+        last.map(|e| e.to_string()).unwrap_or_default()
+    );
+}
+
 /// The node behind a silent connection is healthy: the client must stop using that connection
 /// and open a new one, instead of losing the node's vote for as long as the old TCP session
 /// lives (forever here; up to the kernel's retransmission limit, about 15 minutes, on a real
@@ -118,25 +142,43 @@ async fn a_silent_connection_to_a_healthy_node_is_replaced() {
 
     freezer.freeze();
     cluster.node(2).pause();
-    let started = Instant::now();
-    let limit = Duration::from_secs(4);
-    let mut last = None;
-    while started.elapsed() < limit {
-        match rl.try_acquire("after").await {
-            Ok(lock) => {
-                cluster.node(2).resume();
-                rl.release(lock).await.ok();
-                return;
-            }
-            Err(e) => last = Some(e),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    cluster.node(2).resume();
-    panic!(
-        "no acquire through the healthy node 0 within {limit:?} after its connection went silent; last error: {}",
-        last.map(|e| e.to_string()).unwrap_or_default()
-    );
+    node_0_votes_again(&cluster, &rl, "its connection went silent").await;
+}
+
+/// A check of a silent connection runs on the runtime of the request that found it silent.
+/// When that runtime shuts down in the middle of the check, the connection must not stay
+/// marked as being checked: no later request, on any runtime, would check it again, and the
+/// healthy node behind it would lose its vote for as long as the TCP session lived. Node 2 is
+/// paused, so every acquire needs node 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_cut_short_by_its_runtime_does_not_stop_later_checks() {
+    let (cluster, freezer, rl) = behind_a_freezer(Duration::from_secs(2)).await;
+    rl.connect().await;
+    freezer.freeze();
+    cluster.node(2).pause();
+    // A request left unanswered on the silent connection, and more than the connect timeout
+    // (300 ms) for the connection to count as silent.
+    assert!(rl.try_acquire("first").await.is_err());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The next request finds it silent and starts the check on its own runtime, which is shut
+    // down as soon as the request has failed (50 ms node timeout; the check takes at least
+    // two connect timeouts).
+    let short_lived = rl.clone();
+    tokio::task::spawn_blocking(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        assert!(rt.block_on(short_lived.try_acquire("second")).is_err());
+    })
+    .await
+    .unwrap();
+    node_0_votes_again(
+        &cluster,
+        &rl,
+        "a check of its silent connection was cut short",
+    )
+    .await;
 }
 
 /// A hung server is not a silent connection: a node paused (`SIGSTOP`) for longer than two

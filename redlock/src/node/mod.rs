@@ -93,6 +93,19 @@ impl Heard {
     }
 }
 
+/// A check of a connection under way ([`Heard::probing`]), ended when this is dropped, however
+/// the check ends: it runs on the runtime of the request that started it, and a check dropped
+/// with its runtime once left the flag set, so that the connection was never checked again and
+/// a healthy node behind a silent connection lost its vote for good (test `silent_connections::
+/// a_check_cut_short_by_its_runtime_does_not_stop_later_checks`).
+struct Probing(Arc<Heard>);
+
+impl Drop for Probing {
+    fn drop(&mut self) {
+        self.0.probing.store(false, Ordering::Release);
+    }
+}
+
 /// Whether `answer` came from the server (a reply, an error reply), as opposed to an error made
 /// on this side (a connection that failed, a quarantine) that proves nothing about it.
 fn from_server<T>(answer: &Result<T, NodeError>) -> bool {
@@ -716,12 +729,13 @@ impl RedisNode {
         {
             return;
         }
+        let probing = Probing(Arc::clone(&live.heard));
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            live.heard.probing.store(false, Ordering::Release);
             return;
         };
         let (node, live) = (Arc::clone(self), live.clone());
         drop(rt.spawn(async move {
+            let _probing = probing;
             let mut conn = live.conn.clone();
             let mut ping = Box::pin(async move {
                 redis::cmd("PING")
@@ -742,7 +756,6 @@ impl RedisNode {
                 Ok(Err(e)) => drop(node.failed(&live, &e, "")),
                 Err(_) => {}
             }
-            live.heard.probing.store(false, Ordering::Release);
         }));
     }
 
