@@ -528,14 +528,15 @@ impl<B: Backend> Renewer<B> {
             .min(shortest_ttl / 4)
             .max(node_timeout);
         // Each node's part of the round goes on until the round is decided (see
-        // [`renew_on_node`]): its call waited for past the budget while a retry could not do
+        // [`NodePart`]): its call waited for past the budget while a retry could not do
         // better, and sent again after a failure.
         let deciding = Arc::new(AtomicBool::new(true));
-        let useful_until = chunk
-            .iter()
-            .map(|h| Instant::now() + h.valid_until().remaining())
-            .max()
-            .unwrap_or(started);
+        let useful_until = started
+            + chunk
+                .iter()
+                .map(|h| h.valid_until().remaining_at(now, boot))
+                .max()
+                .unwrap_or_default();
         let every = chunk.iter().map(|h| h.every).min().unwrap_or(shortest_ttl);
         let mut calls: FuturesUnordered<_> = (0..n)
             .map(|i| {
@@ -561,7 +562,6 @@ impl<B: Backend> Renewer<B> {
             decided: vec![None; m],
             settled: vec![false; m],
             renewed_at: vec![false; m],
-            repairable: Vec::new(),
             renewed: 0,
         };
         // Decide each lock as soon as its quorum outcome is known, and settle it then: a hung
@@ -622,12 +622,18 @@ impl<B: Backend> Renewer<B> {
         let unsettled: Vec<usize> = (0..m).filter(|&j| !round.settled[j]).collect();
         self.settle_all(&mut round, chunk, unsettled);
         telemetry::renewal_outcomes(round.renewed, chunk.len() as u64 - round.renewed);
-        if !calls.is_empty() && !round.repairable.is_empty() {
+        if !calls.is_empty() && round.renewed_at.contains(&true) {
             // The node that lost keys is often the last to answer (a new connection, an empty
             // script cache): its answers, each bounded by the batch budget, are read on.
             let backend = Arc::clone(&self.backend);
             let node_timeout = self.config.node_timeout;
-            let repairable = round.repairable;
+            let repairable: Vec<(usize, Arc<Held>)> = round
+                .renewed_at
+                .iter()
+                .enumerate()
+                .filter(|&(_, &renewed)| renewed)
+                .map(|(j, _)| (j, Arc::clone(&chunk[j])))
+                .collect();
             tokio::spawn(async move {
                 while let Some((i, answer, _)) = calls.next().await {
                     let Ok(Ok(renewed)) = &answer else {
@@ -646,21 +652,23 @@ impl<B: Backend> Renewer<B> {
     /// Settles locks `js` of a round (see [`Renewer::settle`]) and hands them back to the
     /// driver.
     fn settle_all(&self, round: &mut Round, chunk: &[Arc<Held>], js: Vec<usize>) {
+        let now = Instant::now();
         let settled: Vec<_> = js
             .into_iter()
-            .filter_map(|j| self.settle(round, j, &chunk[j]))
+            .filter_map(|j| self.settle(round, j, &chunk[j], now))
             .collect();
         self.reschedule(settled);
     }
 
     /// Judges lock `j` of a round from its decision (`None`: undecided when the round ended)
     /// and applies the outcome: a new deadline and its next renewal, a loss, or a retry.
-    /// Answers when and how the driver is to take it up again.
+    /// Answers when and how the driver is to take it up again, counted from `now`.
     fn settle(
         &self,
         round: &mut Round,
         j: usize,
         held: &Arc<Held>,
+        now: Instant,
     ) -> Option<(Instant, u64, Option<Instant>)> {
         round.settled[j] = true;
         let started = round.started;
@@ -682,7 +690,6 @@ impl<B: Backend> Renewer<B> {
         if held.is_done() || held.lost.is_cancelled() {
             return None;
         }
-        let now = Instant::now();
         // No lock's next round comes sooner than one tick of its interval after this round
         // started: the driver takes everything due before the current tick ends, so a lock
         // rescheduled inside that tick (an interval under the 5 ms shortest tick, or a retry
@@ -703,7 +710,6 @@ impl<B: Backend> Renewer<B> {
                 // Locks renewed at their quorum: a node answering later that it lost their
                 // keys still gets them put back.
                 round.renewed_at[j] = true;
-                round.repairable.push((j, Arc::clone(held)));
                 Some((due, held.id, Some(deadline.mono().min(held.hold_until))))
             }
             // The key is held by another token on too many nodes: definitely lost.
@@ -763,10 +769,9 @@ struct Round {
     decided: Vec<Option<(bool, Duration)>>,
     /// Per lock of the batch: judged and handed back to the driver.
     settled: Vec<bool>,
-    /// Per lock of the batch: renewed at its quorum.
+    /// Per lock of the batch: renewed at its quorum (a node answering later that it lost the
+    /// lock's keys gets them put back).
     renewed_at: Vec<bool>,
-    /// The locks renewed at their quorum, by place in the batch.
-    repairable: Vec<(usize, Arc<Held>)>,
     renewed: u64,
 }
 
@@ -790,12 +795,12 @@ impl Round {
 ///
 /// Past its budget, the node's call is waited for while its answer can still decide a lock:
 /// while the round is deciding, some lock of it is still valid, and the call's connection is
-/// still the node's (checked while waited on). A node answers one connection's requests in order, so a
-/// call sent again would go out behind this one and could not be answered sooner; given up at
-/// the budget and retried with the round, a renewal slower than its budget (a slow link, or
-/// load on top of one) was lost with the validity the retry had left (test `leases::a_renewal_
-/// answered_after_its_budget_but_within_the_validity_keeps_the_lock`: 200 of 200 lost over a
-/// 600 ms round trip).
+/// still the node's (checked while waited on). A node answers one connection's requests in
+/// order, so a call sent again would go out behind this one and could not be answered sooner;
+/// given up at the budget and retried with the round, a renewal slower than its budget (a
+/// slow link, or load on top of one) was lost with the validity the retry had left (test
+/// `leases::a_renewal_answered_after_its_budget_but_within_the_validity_keeps_the_lock`: 200
+/// of 200 lost over a 600 ms round trip).
 ///
 /// A call that failed is sent again to this node alone after the retry gap, within the same
 /// round, and one whose connection was replaced is sent again at once: the other nodes' calls
