@@ -171,7 +171,15 @@ async fn release_racing_renewal_never_resurrects_the_lock() {
     for round in 0..1000u64 {
         let guard = rl.guard(rl.try_acquire("race").await.unwrap()).unwrap();
         tokio::time::sleep(Duration::from_micros(round % 4 * 900)).await;
-        guard.release().await.unwrap();
+        // What a release leaves is checked below. Under load (CI on Valkey, test binaries side
+        // by side) one release timed out on two healthy nodes at the 200 ms node timeout and
+        // failed this test here, though that is not a resurrection.
+        if let Err(e) = guard.release().await {
+            assert!(
+                matches!(e, Error::QuorumUnreachable { .. }),
+                "round {round}: {e}"
+            );
+        }
         let gone = no_lock_keys_within(&cluster, Duration::from_millis(500)).await;
         assert!(gone, "round {round}: key left after release");
     }
