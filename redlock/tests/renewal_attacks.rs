@@ -100,6 +100,26 @@ async fn ten_good_guards_and_one(odd: &str) -> (Cluster, Redlock, Vec<LockGuard>
     (cluster, rl, good, odd)
 }
 
+/// Node 1's key for `resource` holds another holder's token: that node refuses the lock.
+async fn held_by_another_on_node_1(cluster: &Cluster, resource: &str) {
+    let mut c = cluster.node(1).connection().await.unwrap();
+    let () = redlock_testkit::redis::cmd("SET")
+        .arg(format!("redlock:lock:{resource}"))
+        .arg("another holder")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+}
+
+/// The guards of `guards` that are lost, with why.
+fn lost<'a>(guards: impl IntoIterator<Item = &'a LockGuard>) -> Vec<(String, Option<LostReason>)> {
+    guards
+        .into_iter()
+        .filter(|g| g.is_lost())
+        .map(|g| (g.resources()[0].clone(), g.reason()))
+        .collect()
+}
+
 /// A renewal round is decided lock by lock, and a lock decided must not wait for the others:
 /// with node 2 dead, a lock refused by node 1 (its key there holds another value) is
 /// undecided for as long as node 2 is asked again, which is as long as that lock is valid.
@@ -111,20 +131,10 @@ async fn a_lock_decided_in_a_round_does_not_wait_for_an_undecided_one() {
     // A long TTL for the odd one: the round that holds it is undecided for as long as it is
     // valid.
     let (cluster, _rl, good, undecided) = ten_good_guards_and_one("undecided").await;
-    let mut c = cluster.node(1).connection().await.unwrap();
-    let () = redlock_testkit::redis::cmd("SET")
-        .arg("redlock:lock:undecided")
-        .arg("another holder")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    held_by_another_on_node_1(&cluster, "undecided").await;
     cluster.node(2).kill();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let lost: Vec<(String, Option<LostReason>)> = good
-        .iter()
-        .filter(|g| g.is_lost())
-        .map(|g| (g.resources()[0].clone(), g.reason()))
-        .collect();
+    let lost = lost(&good);
     assert!(
         lost.is_empty(),
         "good locks lost while nodes 0 and 1 renewed them: {lost:?}"
@@ -141,20 +151,9 @@ async fn a_lock_decided_in_a_round_does_not_wait_for_an_undecided_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_decided_on_different_answers_of_a_round_are_all_renewed() {
     let (cluster, _rl, good, refused) = ten_good_guards_and_one("refused-on-one").await;
-    let mut c = cluster.node(1).connection().await.unwrap();
-    let () = redlock_testkit::redis::cmd("SET")
-        .arg("redlock:lock:refused-on-one")
-        .arg("another holder")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    held_by_another_on_node_1(&cluster, "refused-on-one").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let lost: Vec<(String, Option<LostReason>)> = good
-        .iter()
-        .chain([&refused])
-        .filter(|g| g.is_lost())
-        .map(|g| (g.resources()[0].clone(), g.reason()))
-        .collect();
+    let lost = lost(good.iter().chain([&refused]));
     assert!(
         lost.is_empty(),
         "locks lost while two of three nodes renewed them: {lost:?}"
@@ -209,11 +208,7 @@ async fn one_broken_lock_does_not_fail_the_renewals_batched_with_it() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let lost: Vec<(String, Option<LostReason>)> = good
-        .iter()
-        .filter(|g| g.is_lost())
-        .map(|g| (g.resources()[0].clone(), g.reason()))
-        .collect();
+    let lost = lost(&good);
     let bad_reason = bad.reason();
     drop(bad);
     for g in good {
