@@ -86,9 +86,9 @@ pub(crate) struct RunArgs {
     /// Longest time the lock is renewed; past it the lock counts as lost.
     #[arg(long, default_value = "1h", value_name = "DURATION", value_parser = duration)]
     pub(crate) max_hold: Duration,
-    /// The command and its arguments (after `--`).
+    /// The command and its arguments (after `--`), passed on as they are, UTF-8 or not.
     #[arg(required = true, last = true, value_name = "COMMAND")]
-    pub(crate) command: Vec<String>,
+    pub(crate) command: Vec<std::ffi::OsString>,
 }
 
 /// `redlock status`.

@@ -29,6 +29,13 @@ impl std::fmt::Debug for Node {
     }
 }
 
+/// Whether `url` names a TLS node: its scheme is `rediss`, in any case (as the library reads it).
+fn is_tls(url: &str) -> bool {
+    url.trim()
+        .get(..9)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("rediss://"))
+}
+
 impl Node {
     /// Every configured node. The URLs must have been validated by the library's builder.
     pub(crate) fn all(settings: &Settings, timeout: Duration) -> Vec<Node> {
@@ -38,7 +45,7 @@ impl Node {
             .map(|url| {
                 let secrets = secrets(std::slice::from_ref(url));
                 let client = match &settings.tls_ca {
-                    Some(ca) if url.trim().starts_with("rediss://") => {
+                    Some(ca) if is_tls(url) => {
                         let _ = rustls::crypto::ring::default_provider().install_default();
                         Client::build_with_tls(
                             url.trim(),
@@ -49,7 +56,7 @@ impl Node {
                         )
                     }
                     _ => {
-                        if url.trim().starts_with("rediss://") {
+                        if is_tls(url) {
                             let _ = rustls::crypto::ring::default_provider().install_default();
                         }
                         Client::open(url.trim())

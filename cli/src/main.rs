@@ -127,16 +127,20 @@ async fn demo() -> Result<u8, Failure> {
     ))
 }
 
-/// Passwords in URLs on the command line or in the environment.
+/// Passwords in URLs on the command line or in the environment. Read as clap shows them: an
+/// argument that is not UTF-8 (a usage error of its own) with its bad bytes replaced
+/// (`std::env::args` panicked on it, printing the whole argument).
 fn argv_secrets() -> Vec<String> {
-    let mut urls: Vec<String> = std::env::args()
+    let lossy = |a: std::ffi::OsString| a.to_string_lossy().into_owned();
+    let mut urls: Vec<String> = std::env::args_os()
+        .map(lossy)
         .flat_map(|a| a.split(',').map(str::to_owned).collect::<Vec<_>>())
         .collect();
-    if let Ok(nodes) = std::env::var(settings::NODES_ENV) {
+    if let Some(nodes) = std::env::var_os(settings::NODES_ENV).map(lossy) {
         urls.extend(nodes.split(',').map(str::to_owned));
     }
     let mut secrets = settings::secrets(&urls);
-    if let Ok(p) = std::env::var(settings::PASSWORD_ENV)
+    if let Some(p) = std::env::var_os(settings::PASSWORD_ENV).map(lossy)
         && !p.is_empty()
     {
         secrets.push(p);

@@ -2,6 +2,7 @@
 //! command while a `LockGuard` renews it, forwards signals, stops the command when the lock is
 //! lost, and releases the lock when the command exits (or, with `--keep`, leaves it to expire).
 
+use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -10,7 +11,7 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use redlock::{Error, LostReason, RetryPolicy};
-use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
+use signal_hook::consts::{SIGALRM, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
 use signal_hook::iterator::SignalsInfo;
 use signal_hook::iterator::exfiltrator::WithOrigin;
 use signal_hook::low_level::siginfo::{Cause, Origin};
@@ -25,8 +26,11 @@ use crate::settings::{Settings, code_of};
 pub(crate) const FENCE_TOKEN_ENV: &str = "REDLOCK_FENCE_TOKEN";
 /// Environment variable the command gets with the resource name.
 pub(crate) const RESOURCE_ENV: &str = "REDLOCK_RESOURCE";
-/// Signals passed on to the command.
-const FORWARDED: [i32; 4] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT];
+/// Signals passed on to the command: those that stop a process, and those a process is told
+/// things with (reopen logs, report progress). All of them end a process by default: not
+/// handled here, they ended `redlock` at once, the command was killed with it and the lock's
+/// keys stayed for their TTL.
+const FORWARDED: [i32; 7] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM];
 
 /// Receives the forwarded signals on a thread of its own (signal-hook's iterator), with where
 /// each came from; and the number of the last one to arrive (0 for none), set by the signal
@@ -65,7 +69,7 @@ pub(crate) const EXEC_ARG0: &str = "redlock: starting the command";
 /// send it SIGKILL when `redlock` dies, then executes it in its place. A `redlock` killed with
 /// SIGKILL (`kill -9`, the OOM killer) can stop nothing, and the command would run on without
 /// the lock, alongside the next holder once the TTL passes.
-fn tied_command(argv: &[String]) -> tokio::process::Command {
+fn tied_command(argv: &[OsString]) -> tokio::process::Command {
     #[cfg(target_os = "linux")]
     {
         // The running binary even if its file was replaced or deleted since.
@@ -83,7 +87,7 @@ fn tied_command(argv: &[String]) -> tokio::process::Command {
 }
 
 /// The command itself, started directly: elsewhere than Linux, and where `/proc` is missing.
-fn direct_command(argv: &[String]) -> tokio::process::Command {
+fn direct_command(argv: &[OsString]) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(&argv[0]);
     command.args(&argv[1..]);
     command
@@ -150,7 +154,12 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
             spinner.stop();
             // The abandoned attempt releases its grants in the background: give it the time a
             // request may take before the process ends (else the keys expire with their TTL).
-            tokio::time::sleep(rl.config().node_timeout * 5).await;
+            // A second signal ends the wait at once (it was swallowed: with a node timeout of
+            // 2 s, ten seconds passed before a repeated Ctrl-C had any effect).
+            tokio::select! {
+                () = tokio::time::sleep(rl.config().node_timeout * 5) => {}
+                Some(_) = signals.recv() => {}
+            }
             errln!("redlock: interrupted while waiting for the lock on {named}");
             return Ok(signal_exit(origin.signal));
         }
@@ -223,7 +232,8 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
                 std::io::ErrorKind::NotFound => exit::NOT_FOUND,
                 _ => exit::CANNOT_EXECUTE,
             };
-            return Err(Failure::new(code, format!("{}: {e}", args.command[0])));
+            let program = args.command[0].to_string_lossy();
+            return Err(Failure::new(code, format!("{program}: {e}")));
         }
     };
     let pid = child

@@ -303,16 +303,18 @@ fn read_ca(path: &Path, source: Source) -> Result<Vec<u8>, Failure> {
     std::fs::read(path).map_err(|e| source.failure(format!("TLS CA file {}: {e}", path.display())))
 }
 
-/// `text` with whatever stands between double quotes replaced by `***`.
+/// `text` with everything from its first double quote to its last replaced by `***`. A value
+/// is quoted as it is, quotes inside it included (`string "…"…"`): masking between each pair
+/// of quotes showed the part of a password after a `"` (found in review). Field names are
+/// quoted with backticks and stay. A quote left open hides the rest.
 fn unquoted(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for (i, part) in text.split('"').enumerate() {
-        if i > 0 {
-            out.push('"');
+    match (text.find('"'), text.rfind('"')) {
+        (Some(first), Some(last)) if first < last => {
+            format!("{}\"***\"{}", &text[..first], &text[last + 1..])
         }
-        out.push_str(if i % 2 == 1 { "***" } else { part });
+        (Some(first), _) => format!("{}\"***", &text[..first]),
+        _ => text.to_owned(),
     }
-    out
 }
 
 /// `url` with `password` set when it has none. A URL that does not parse is left as it is, for

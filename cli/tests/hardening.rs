@@ -49,11 +49,42 @@ async fn a_config_value_of_the_wrong_type_is_not_quoted() {
         format!("nodes = \"redis://:{L}{R}@127.0.0.1:1\"\n"),
         format!("key_prefix = [\"redis://:{L}{R}@127.0.0.1:1\"]\n"),
         format!("nodes = [[\"redis://:{L}{R}@127.0.0.1:1\"]]\n"),
+        // The message quotes the value as it is, its own quotes included: masking between
+        // each pair of quotes showed what follows a quote in the password (found in review).
+        format!("nodes = 'redis://:{L}\"{R}@127.0.0.1:1'\n"),
+        format!("nodes = 'redis://:{L}\\\\\"{R}@127.0.0.1:1'\n"),
     ] {
         std::fs::write(&path, &text).unwrap();
         let out = output(redlock(["--config", path.to_str().unwrap(), "status", "r"])).await;
         assert_eq!(out.code, Some(78), "{text}: {out:?}");
         assert_no_half(&text, &out.all());
+    }
+}
+
+/// An option value that is not UTF-8 is a usage error (64) like any other, and its message
+/// shows no password. Every usage error gathers the passwords on the command line to hide
+/// them, and that read the arguments as UTF-8: it panicked (exit 101) with the whole argument
+/// in the panic message, password included (found in review).
+#[tokio::test]
+async fn an_argument_that_is_not_utf8_is_a_usage_error_without_its_password() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let url = format!("redis://:{L}\u{e4}{R}@127.0.0.1:1");
+    let mut bytes = url.into_bytes();
+    // Latin-1 `ä` where UTF-8 has two bytes: the argument is no longer UTF-8.
+    let at = bytes
+        .windows(2)
+        .position(|w| w == "\u{e4}".as_bytes())
+        .unwrap();
+    bytes.splice(at..at + 2, [0xe4]);
+    let url = OsStr::from_bytes(&bytes);
+    for command in [&["status", "r"][..], &["doctor"]] {
+        let mut args = vec![OsStr::new("--nodes"), url];
+        args.extend(command.iter().map(OsStr::new));
+        let out = output(redlock(&args)).await;
+        assert_eq!(out.code, Some(64), "{command:?}: {out:?}");
+        assert!(!out.stderr.contains("panicked"), "{command:?}: {out:?}");
+        assert_no_half("a URL that is not UTF-8", &out.all());
     }
 }
 

@@ -146,6 +146,92 @@ async fn sigterm_to_redlock_reaches_the_command() {
     assert!(cluster.keys("redlock:lock:*").await.is_empty(), "released");
 }
 
+/// The signals a command is commonly told things with (SIGUSR1, SIGUSR2, SIGALRM: reopen logs,
+/// report progress) and whose default action ends a process reach the command too. Without a
+/// handler they ended `redlock` itself (exit 138), the command was killed with it (its parent-
+/// death signal) with no grace, and the lock's keys stayed for their TTL (found in review).
+#[tokio::test]
+async fn sigusr1_and_sigusr2_to_redlock_reach_the_command_and_the_lock_is_released() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let got = dir.path().join("got");
+    let script = format!(
+        "trap 'echo usr1 >> {got}' USR1; trap 'echo usr2 >> {got}' USR2; \
+         trap 'echo alrm >> {got}; exit 3' ALRM; touch {}; while :; do sleep 0.02; done",
+        ready.display(),
+        got = got.display(),
+    );
+    let child = redlock([
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "usr",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ])
+    .spawn()
+    .unwrap();
+    wait_for_file(&ready).await;
+    let pid = Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
+    for (signal, line) in [(Signal::SIGUSR1, "usr1"), (Signal::SIGUSR2, "usr2")] {
+        kill(pid, signal).unwrap();
+        let until = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_to_string(&got).is_ok_and(|g| g.lines().any(|l| l == line)) {
+            assert!(
+                tokio::time::Instant::now() < until,
+                "{signal} did not reach the command"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert!(
+        !cluster.keys("redlock:lock:*").await.is_empty(),
+        "the lock is held while the command runs"
+    );
+    kill(pid, Signal::SIGALRM).unwrap();
+    let out = finish(child).await;
+    assert_eq!(out.code, Some(3), "the command's own exit code: {out:?}");
+    assert_eq!(
+        std::fs::read_to_string(&got).unwrap(),
+        "usr1\nusr2\nalrm\n",
+        "each signal reached the command once"
+    );
+    assert!(cluster.keys("redlock:lock:*").await.is_empty(), "released");
+}
+
+/// The command's arguments reach it byte for byte, UTF-8 or not, as with flock(1). They were
+/// read as UTF-8, and a file name in Latin-1 was a usage error (and, before the passwords on
+/// the command line were read as clap reads them, a panic: hardening.rs).
+#[tokio::test]
+async fn a_command_argument_that_is_not_utf8_reaches_the_command_unchanged() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let cluster = Cluster::start(3).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let got = dir.path().join("got");
+    let arg = OsStr::from_bytes(b"caf\xe9 \xff.txt");
+    let nodes = nodes(&cluster);
+    let out = output(redlock([
+        OsStr::new("--nodes"),
+        OsStr::new(&nodes),
+        OsStr::new("run"),
+        OsStr::new("bytes"),
+        OsStr::new("--"),
+        OsStr::new("sh"),
+        OsStr::new("-c"),
+        OsStr::new("printf %s \"$1\" > \"$2\""),
+        OsStr::new("sh"),
+        arg,
+        got.as_os_str(),
+    ]))
+    .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(std::fs::read(&got).unwrap(), arg.as_bytes());
+}
+
 #[tokio::test]
 async fn a_command_killed_by_a_signal_exits_128_plus_it() {
     let cluster = Cluster::start(3).await.unwrap();

@@ -162,6 +162,47 @@ async fn an_interrupt_while_waiting_exits_130_and_leaves_the_holders_lock() {
     rl.release(lock).await.unwrap();
 }
 
+/// After an interrupted wait, `redlock` pauses five node timeouts for the abandoned attempt's
+/// releases; a second signal ends that pause at once. It was swallowed: with a node timeout of
+/// 2 s, a second Ctrl-C still left ten seconds to wait (found in review).
+#[tokio::test]
+async fn a_second_interrupt_ends_the_pause_after_an_interrupted_wait() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = holder(&cluster);
+    let lock = rl.acquire("cron:1000").await.unwrap();
+    let urls = nodes(&cluster);
+    let child = redlock([
+        "--nodes",
+        &urls,
+        "--node-timeout",
+        "2s",
+        "run",
+        "--wait",
+        "20s",
+        "cron:1000",
+        "--",
+        "true",
+    ])
+    .spawn()
+    .unwrap();
+    let pid = Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let sent = Instant::now();
+    kill(pid, Signal::SIGINT).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    kill(pid, Signal::SIGINT).unwrap();
+    let out = common::finish(child).await;
+    assert_eq!(out.code, Some(130), "{out:?}");
+    assert!(
+        sent.elapsed() < Duration::from_secs(5),
+        "a second SIGINT 0.3 s after the first: ended after {:?} (five node timeouts: 10 s)",
+        sent.elapsed()
+    );
+    let mut lock = lock;
+    rl.extend(&mut lock).await.expect("still ours");
+    rl.release(lock).await.unwrap();
+}
+
 /// Ctrl-C typed on the terminal reaches the command once: the terminal sends SIGINT to the
 /// whole foreground process group (redlock and the command), so redlock must not pass it on
 /// as well (a second SIGINT means "force quit" to many programs). `script(1)` gives the command

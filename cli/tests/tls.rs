@@ -60,6 +60,26 @@ async fn run_status_and_doctor_reach_tls_nodes_with_a_custom_ca() {
     assert_eq!(json["reachable"], 3, "{json:#}");
     assert_eq!(json["held_by_quorum"], true, "{json:#}");
 
+    // A URL's scheme is case-insensitive, and `run` takes `REDISS://` with the CA; `status`
+    // read only a lower-case `rediss://` as TLS with the CA, so it tried the system's roots
+    // and found no node (found in review).
+    let upper = urls.replace("rediss://", "REDISS://");
+    let out = output(redlock([
+        "--nodes",
+        &upper,
+        "--tls-ca",
+        ca,
+        "--node-timeout",
+        HANDSHAKE_ROOM,
+        "status",
+        "tls:job",
+        "--json",
+    ]))
+    .await;
+    assert_eq!(out.code, Some(0), "REDISS://: {out:?}");
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON");
+    assert_eq!(json["reachable"], 3, "REDISS://: {json:#}");
+
     let out = output(redlock([
         "--nodes",
         &urls,
