@@ -130,6 +130,7 @@ impl PgFence {
             .replace("{table}", &quoted(&self.table, ""))
             .replace("{admit}", &quoted(&self.table, "_admit"))
             .replace("{admit_or_raise}", &quoted(&self.table, "_admit_or_raise"))
+            .replace("{schema}", &schema_of(&self.table))
     }
 
     /// The statement of one admission, for clients other than tokio-postgres: parameters `$1`
@@ -208,6 +209,16 @@ pub(crate) fn high_water_from(
     Ok(HighWater::from_entries(
         nodes.into_iter().zip(stamps.into_iter().map(|s| s as u64)),
     ))
+}
+
+/// The schema the functions of `table` live in, as an SQL expression: the table's own schema
+/// when it is qualified (a string literal; names are checked lower-case identifiers, see
+/// [`check_ident`]), else the session's current schema, where an unqualified table is created.
+fn schema_of(table: &str) -> String {
+    match table.split_once('.') {
+        Some((schema, _)) => format!("'{schema}'"),
+        None => "current_schema()".to_owned(),
+    }
 }
 
 /// A name [`check_ident`] accepted, with `suffix` added to its last part, quoted part by part
@@ -325,14 +336,22 @@ BEGIN
         END IF;
     END LOOP;
 
-    SELECT t.nodes, t.stamps INTO h_nodes, h_stamps
-        FROM {table} t WHERE t.resource = p_resource FOR UPDATE;
-    IF NOT FOUND THEN
-        INSERT INTO {table} (resource, nodes, stamps) VALUES (p_resource, '{}', '{}')
-            ON CONFLICT (resource) DO NOTHING;
+    -- The row, locked; created first when missing. A row that is still missing after the
+    -- insert (deleted by another session between the two, or an insert a trigger skipped)
+    -- must not be read as an empty high water: the verdict would be Advanced with nothing
+    -- recorded, and an older token admitted next. After three tries the transaction fails
+    -- as a serialization failure, for the caller to retry.
+    FOR attempt IN 1 .. 3 LOOP
         SELECT t.nodes, t.stamps INTO h_nodes, h_stamps
             FROM {table} t WHERE t.resource = p_resource FOR UPDATE;
-    END IF;
+        EXIT WHEN FOUND;
+        IF attempt = 3 THEN
+            RAISE EXCEPTION 'the high water row of % could not be created and locked (deleted meanwhile?); retry the transaction', p_resource
+                USING ERRCODE = '40001';
+        END IF;
+        INSERT INTO {table} (resource, nodes, stamps) VALUES (p_resource, '{}', '{}')
+            ON CONFLICT (resource) DO NOTHING;
+    END LOOP;
 
     FOR i IN 1 .. n LOOP
         j := array_position(h_nodes, p_nodes[i]);
@@ -369,6 +388,11 @@ BEGIN
         END IF;
     END LOOP;
     UPDATE {table} SET nodes = h_nodes, stamps = h_stamps WHERE resource = p_resource;
+    IF NOT FOUND THEN
+        -- The row is locked, so only a trigger that skips the update gets here.
+        RAISE EXCEPTION 'the high water of % was not updated; retry the transaction', p_resource
+            USING ERRCODE = '40001';
+    END IF;
     RETURN QUERY SELECT 1::smallint, h_nodes, h_stamps;
 END
 $fn$;
@@ -390,7 +414,7 @@ $fn$;
 
 DO $pin$
 DECLARE
-    path text := concat_ws(', ', quote_ident(current_schema()), 'pg_temp');
+    path text := concat_ws(', ', quote_ident({schema}), 'pg_temp');
 BEGIN
     EXECUTE format('ALTER FUNCTION %s(text, text[], bigint[]) SET search_path = %s', '{admit}', path);
     EXECUTE format('ALTER FUNCTION %s(text, text[], bigint[]) SET search_path = %s', '{admit_or_raise}', path);

@@ -418,6 +418,90 @@ async fn a_sessions_search_path_does_not_change_the_high_water_it_reads() {
     );
 }
 
+/// A resource's first admission creates its row, then locks it. When the row is not there to
+/// lock after the insert (an operator's reset deleted it in between; here a trigger skips the
+/// insert, which leaves the same state every time), the admission read an empty high water,
+/// answered `Advanced`, and its update changed nothing: no high water was kept, and an older
+/// token was admitted next (found in review). It now fails as a serialization failure (40001)
+/// and admits nothing; a trigger that skips the update is caught the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admission_whose_row_never_appears_fails_and_admits_nothing_older() {
+    let pg = server().await;
+    let mut client = pg.connect().await.unwrap();
+    let fence = PgFence::new();
+    fence.create_schema(&client).await.unwrap();
+    client
+        .batch_execute(
+            "CREATE FUNCTION skip_row() RETURNS trigger LANGUAGE plpgsql AS
+                 $$ BEGIN RETURN NULL; END $$;
+             CREATE TRIGGER skip_insert BEFORE INSERT ON public.fencing_high_water
+                 FOR EACH ROW EXECUTE FUNCTION skip_row();",
+        )
+        .await
+        .unwrap();
+    let serialization_failure = |what: &str, result: Result<Admission, FenceError>| {
+        let err = match result {
+            Err(FenceError::Backend(e)) => e,
+            other => panic!("{what}: expected a serialization failure, got {other:?}"),
+        };
+        let code = std::error::Error::source(&err)
+            .and_then(|e| e.downcast_ref::<redlock_testkit::tokio_postgres::Error>())
+            .and_then(|e| e.code().map(|c| c.code().to_owned()));
+        assert_eq!(code.as_deref(), Some("40001"), "{what}: {err}");
+    };
+    for t in ["f1,a=20", "f1,a=10"] {
+        let tx = client.transaction().await.unwrap();
+        serialization_failure(t, fence.admit(&tx, "r", &token(t)).await);
+    }
+    assert!(fence.high_water(&client, "r").await.unwrap().is_empty());
+
+    // The row exists; an update that a trigger skips.
+    client
+        .batch_execute(
+            "DROP TRIGGER skip_insert ON public.fencing_high_water;
+             INSERT INTO public.fencing_high_water VALUES ('r', '{a}', '{5}');
+             CREATE TRIGGER skip_update BEFORE UPDATE ON public.fencing_high_water
+                 FOR EACH ROW EXECUTE FUNCTION skip_row();",
+        )
+        .await
+        .unwrap();
+    let tx = client.transaction().await.unwrap();
+    serialization_failure(
+        "an update skipped",
+        fence.admit(&tx, "r", &token("f1,a=20")).await,
+    );
+}
+
+/// The admission functions of a table in a named schema look things up in that schema, as
+/// docs/fencing.md says, whatever the current schema of the session that created them: they
+/// were pinned to the creating session's current schema (`public` for `app.fence`; found in
+/// review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_functions_of_a_table_in_a_schema_search_that_schema() {
+    let pg = server().await;
+    let client = pg.connect().await.unwrap();
+    client.batch_execute("CREATE SCHEMA app").await.unwrap();
+    let fence = PgFence::with_table("app.fence").unwrap();
+    fence.create_schema(&client).await.unwrap();
+    for function in ["fence_admit", "fence_admit_or_raise"] {
+        let row = client
+            .query_one(
+                "SELECT array_to_string(p.proconfig, ';') FROM pg_proc p
+                 JOIN pg_namespace n ON n.oid = p.pronamespace
+                 WHERE n.nspname = 'app' AND p.proname = $1",
+                &[&function],
+            )
+            .await
+            .unwrap();
+        let config: Option<String> = row.get(0);
+        assert_eq!(
+            config.as_deref(),
+            Some("search_path=app, pg_temp"),
+            "app.{function}"
+        );
+    }
+}
+
 /// A history of grants on 5 nodes in which every grant holds a quorum (3 nodes) and per-node
 /// stamps increase in grant order: what a healthy Redlock issues.
 fn grants(count: usize, rng: &mut impl Rng) -> Vec<FenceToken> {
