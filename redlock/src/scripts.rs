@@ -59,6 +59,17 @@ local function stretch(key, ttl)
 end
 ";
 
+/// The first stamp a node cannot issue, and the error it answers instead. Lua's numbers are
+/// doubles: from 2^53 on, `last + 1` rounds back to `last`, and every later grant on the node
+/// got the stamp of the one before, which fence checks then took for the same holder (found
+/// in review). A stamp that far ahead comes only from a clock once set centuries ahead; the
+/// node grants nothing until its stamp key is reset (docs/fencing.md), and an acquire that
+/// finds the limit undoes what it set.
+const STAMP_LIMIT: &str = r"
+local LIMIT = 9007199254740992
+local EXHAUSTED = 'ERR claim stamps exhausted on this node: its stamp key is at 2^53 (a clock set centuries ahead?); nothing granted'
+";
+
 /// The identity check shared by both acquire scripts: `KEYS[1]` is the node's identity record,
 /// `ARGV[3]` the value it held when the connection was opened. Nothing is written otherwise.
 const IDENTITY_CHECK: &str = r"
@@ -124,20 +135,21 @@ return {v, now, server}
 /// after an unknown outcome), then issues the node's claim stamp
 /// `max(TIME in µs, last stamp + 1)` and returns it (always ≥ 1; `−(10 + stamp)` when a key
 /// held our token already, see [`KEPT`]). Returns 0 when any key is held by another token,
-/// −2 when the identity record changed; nothing is written then.
+/// −2 when the identity record changed; nothing is written then. Answers an error when the
+/// stamp would reach 2^53 ([`STAMP_LIMIT`]), having undone what it set.
 ///
 /// Shaped for the common case, because server CPU is what limits throughput when several nodes
 /// share a machine: one resource is a single `SET NX PX` (the `GET` only runs on a refusal), and
 /// the stamp is written with `SET … GET`, so a clock that moves forward costs one write; only
 /// a clock that did not advance past the last stamp needs the second `SET`.
 /// Stamps are formatted with `%.0f` because Lua 5.1's `tostring` would print a 16-digit number
-/// in exponent form and lose precision; values stay far below 2^53.
+/// in exponent form and lose precision; below 2^53 (checked) they are exact.
 pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
     let source = format!(
-        "{GRANT_CLOCK}{IDENTITY_CHECK}{STRETCH}{}",
+        "{STAMP_LIMIT}{GRANT_CLOCK}{IDENTITY_CHECK}{STRETCH}{}",
         r"
 local token, ttl = ARGV[1], ARGV[2]
-local kept = false
+local kept, created = false, nil
 if #KEYS == 3 then
   if not redis.call('SET', KEYS[3], token, 'NX', 'PX', ttl) then
     if redis.call('GET', KEYS[3]) ~= token then return 0 end
@@ -149,20 +161,32 @@ else
     local v = redis.call('GET', KEYS[i])
     if v and v ~= token then return 0 end
   end
+  created = {}
   for i = 3, #KEYS do
     if not redis.call('SET', KEYS[i], token, 'NX', 'PX', ttl) then
       stretch(KEYS[i], ttl)
       kept = true
+    else
+      created[#created + 1] = KEYS[i]
     end
   end
 end
 local t = redis.call('TIME')
 local stamp = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local last = tonumber(redis.call('SET', KEYS[2], string.format('%.0f', stamp), 'GET') or '0') or 0
-if stamp <= last then
-  stamp = last + 1
-  redis.call('SET', KEYS[2], string.format('%.0f', stamp))
+local clock = stamp
+local prev = redis.call('SET', KEYS[2], string.format('%.0f', stamp), 'GET')
+local last = tonumber(prev or '0') or 0
+if stamp <= last then stamp = last + 1 end
+if stamp >= LIMIT then
+  if prev then redis.call('SET', KEYS[2], prev) end
+  if created then
+    for _, key in ipairs(created) do redis.call('DEL', key) end
+  elseif not kept then
+    redis.call('DEL', KEYS[3])
+  end
+  return redis.error_reply(EXHAUSTED)
 end
+if stamp ~= clock then redis.call('SET', KEYS[2], string.format('%.0f', stamp)) end
 local answer = stamp
 if kept then answer = -10 - stamp end
 if at then return {answer, at} end
@@ -367,7 +391,7 @@ local o = 1"
 /// Redis 7.0). Measured in `docs/bench/bounds/batch_cost.py`.
 pub(crate) static BATCH: LazyLock<LuaScript> = LazyLock::new(|| {
     let source = format!(
-        "{STRETCH}{}",
+        "{STAMP_LIMIT}{STRETCH}{}",
         r"
 local out, m = {}, 0
 local same, stamp, now = nil, nil, nil
@@ -391,6 +415,8 @@ local function next_stamp()
   end
   return stamp
 end
+-- Answers 0 (refused), 1 (every key set) or 2 (some key held our token already), and the keys
+-- it set when there are several.
 local function acquire(k, n, token, ttl)
   if n == 1 then
     if not redis.call('SET', KEYS[k], token, 'NX', 'PX', ttl) then
@@ -404,14 +430,16 @@ local function acquire(k, n, token, ttl)
     local v = redis.call('GET', KEYS[i])
     if v and v ~= token then return 0 end
   end
-  local got = 1
+  local got, created = 1, {}
   for i = k, k + n - 1 do
     if not redis.call('SET', KEYS[i], token, 'NX', 'PX', ttl) then
       stretch(KEYS[i], ttl)
       got = 2
+    else
+      created[#created + 1] = KEYS[i]
     end
   end
-  return got
+  return got, created
 end
 local function run(kind, k, n, a)
   local token = ARGV[a + 2]
@@ -423,10 +451,20 @@ local function run(kind, k, n, a)
     if kind == 'B' or kind == 'V' then clock() end
     if same == nil then same = redis.call('GET', KEYS[1]) == ARGV[1] end
     if not same then return -2 end
-    local got = acquire(k, n, token, ARGV[a + 3])
+    local got, created = acquire(k, n, token, ARGV[a + 3])
     if got == 0 then return 0 end
     local value = 1
-    if stamped then value = next_stamp() end
+    if stamped then
+      value = next_stamp()
+      if value >= LIMIT then
+        if created then
+          for _, key in ipairs(created) do redis.call('DEL', key) end
+        elseif got == 1 then
+          redis.call('DEL', KEYS[k])
+        end
+        error(redis.error_reply(EXHAUSTED))
+      end
+    end
     if got == 2 then return -10 - value end
     return value
   elseif kind == 'E' then

@@ -292,6 +292,79 @@ async fn script_cache_loss_costs_one_attempt_and_stamps_increase() {
     rl.release(second).await.unwrap();
 }
 
+/// The scripts count stamps in Lua's doubles, exact below 2^53 only: from there `last + 1`
+/// rounds back to `last`, and every grant on the node got the stamp of the one before (found
+/// in review; a fence then takes two holders for one). A node whose stamp key reached the
+/// limit must grant nothing, on its own (`ACQUIRE`) and in a batch (`BATCH`), leave no key
+/// behind, and never lower its stamp key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_stamps_reached_2_53_grants_nothing() {
+    const LAST: u64 = (1 << 53) - 1;
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = client(cluster.urls(), Duration::from_secs(5));
+    rl.connect().await;
+    for i in 0..3 {
+        set(&cluster, i, "redlock:stamp", &LAST.to_string()).await;
+    }
+    let mut granted: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+    let mut refused = 0;
+    let mut record = |what: &str, outcome: Result<redlock::Lock, Error>| match outcome {
+        Ok(lock) => {
+            for claim in lock.claims() {
+                granted
+                    .entry(claim.node.to_string())
+                    .or_default()
+                    .push(claim.stamp_us);
+            }
+            Some(lock)
+        }
+        Err(e) => {
+            assert!(
+                e.to_string().contains("claim stamps exhausted"),
+                "{what}: refused for another reason: {e}"
+            );
+            refused += 1;
+            None
+        }
+    };
+    // One at a time: each acquire is its own script call.
+    for r in ["one", "two", "three"] {
+        if let Some(lock) = record(r, rl.try_acquire(r).await) {
+            rl.release(lock).await.unwrap();
+        }
+    }
+    // Sixteen at once: most go to the nodes in batches.
+    let many = futures_util::future::join_all((0..16).map(|k| {
+        let rl = rl.clone();
+        async move { rl.try_acquire(&format!("many-{k}")).await }
+    }))
+    .await;
+    for (k, outcome) in many.into_iter().enumerate() {
+        if let Some(lock) = record(&format!("many-{k}"), outcome) {
+            rl.release(lock).await.unwrap();
+        }
+    }
+    for (node, stamps) in &granted {
+        let mut sorted = stamps.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(
+            sorted.len(),
+            stamps.len(),
+            "node {node} issued one stamp to several grants: {stamps:?}"
+        );
+    }
+    assert_eq!(refused, 19, "every acquire refused: {granted:?}");
+    assert!(no_lock_keys_within(&cluster, Duration::from_secs(2)).await);
+    for i in 0..3 {
+        let stamp: u64 = get(&cluster, i, "redlock:stamp")
+            .await
+            .and_then(|s| s.parse().ok())
+            .expect("a stamp key");
+        assert!(stamp >= LAST, "node {i}'s stamp key went down to {stamp}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_acquire_midway_cleans_up_late_grants() {
     let cluster = Cluster::builder()
