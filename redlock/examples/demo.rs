@@ -3,7 +3,7 @@
 //! faulty nodes, failing fast without a quorum, and released.
 //!
 //! Run it with `bash demo.sh` (installs redis-server when missing) or
-//! `cargo run -p redlock --example demo`.
+//! `cargo run -p redlock-quorum --example demo`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
