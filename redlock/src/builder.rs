@@ -48,6 +48,9 @@ impl std::fmt::Debug for RedlockBuilder {
 impl RedlockBuilder {
     /// Adds independent Redis masters by URL: `redis://[user[:password]@]host[:port][/db]`,
     /// `rediss://…` (TLS) or `redis+unix:///path`. Each is named `host:port` (or the socket path).
+    /// A TCP URL's query may hold only `protocol`, and it takes no `#` fragment: `build()`
+    /// refuses `?db=`, `?password=` and `#insecure`, which redis-rs would ignore or read as
+    /// "skip the certificate checks".
     pub fn nodes<I, S>(mut self, urls: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -322,6 +325,9 @@ fn validate(c: &Config) -> Result<(), Error> {
             ttl: c.ttl,
         }
         .into());
+    }
+    if c.connect_timeout.is_zero() {
+        return Err(ConfigError::InvalidConnectTimeout(c.connect_timeout).into());
     }
     c.retry.validate().map_err(ConfigError::InvalidRetry)?;
     if let Some(every) = c.renew_every

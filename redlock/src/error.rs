@@ -643,6 +643,9 @@ pub enum ConfigError {
         /// The TTL.
         ttl: Duration,
     },
+    /// The connect timeout is zero: every connection would time out at once.
+    #[error("connect timeout {0:?} must be > 0")]
+    InvalidConnectTimeout(Duration),
     /// The retry policy has neither an attempt limit nor a deadline, or a limit of zero.
     #[error("retry policy must be bounded: {0}")]
     InvalidRetry(String),

@@ -58,6 +58,28 @@ impl NodeSpec {
     /// password in any form.
     pub(crate) fn parse(url: &str, name: Option<&str>) -> Result<Self, String> {
         let url = checked(url)?;
+        if TCP_SCHEMES.contains(&url.scheme()) {
+            // redis-rs reads nothing but `protocol` from a TCP URL's query, and reads a
+            // fragment `#insecure` as "skip the certificate checks": a URL that says more was
+            // taken without a word for something else (`?db=3` as database 0, `?password=` as
+            // no password).
+            if url.fragment().is_some() {
+                return Err(
+                    "a redis:// or rediss:// URL takes no '#' fragment (`#insecure` \
+                            would turn certificate checks off): percent-encode '#' in a \
+                            password as %23"
+                        .into(),
+                );
+            }
+            if url.query_pairs().any(|(key, _)| key != "protocol") {
+                return Err(
+                    "unknown query parameter: a redis:// or rediss:// URL takes only \
+                            `protocol`; the database goes in the path (`/3`), the password in \
+                            the userinfo (`redis://user:password@host`)"
+                        .into(),
+                );
+            }
+        }
         let secrets = secrets_of(&url);
         let info = url.into_connection_info().map_err(|e| {
             // redis-rs's URL errors are fixed texts; scrubbing is a second line of defence.
@@ -67,6 +89,9 @@ impl NodeSpec {
             )
         })?;
         let db = info.redis_settings().db();
+        if db < 0 {
+            return Err("the database number must be 0 or more".into());
+        }
         let (identity, default_name, tls) = match info.addr() {
             ConnectionAddr::Tcp(host, port) => {
                 let hp = format!("{}:{port}", host.to_ascii_lowercase());

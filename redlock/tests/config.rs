@@ -58,6 +58,12 @@ fn configuration_errors_are_typed() {
         config_err(build(|b| b.node_timeout(Duration::ZERO))),
         ConfigError::InvalidNodeTimeout { .. }
     ));
+    // A zero connect timeout expires at once: every connection failed, for ever, and every
+    // acquire was QuorumUnreachable (found in review).
+    assert!(matches!(
+        config_err(build(|b| b.connect_timeout(Duration::ZERO))),
+        ConfigError::InvalidConnectTimeout(_)
+    ));
     assert!(matches!(
         config_err(build(|b| b.retry(unbounded()))),
         ConfigError::InvalidRetry(_)

@@ -43,7 +43,6 @@ fn debug_output_hides_every_form_of_the_password() {
         format!("redis://:{L}:{R}@[::1]:7001/3"),
         format!("rediss://u:{enc}@localhost:7001"),
         format!("redis+unix:///tmp/r.sock?db=1&pass={enc}"),
-        format!("redis://127.0.0.1:7001/?password={L}{R}"),
     ] {
         let b = Redlock::builder().nodes([url.clone()]);
         assert_hidden(&url, &format!("{b:?}"));
@@ -65,6 +64,8 @@ fn errors_never_show_the_password() {
         format!("redis+unix://u:{L}{R}@/tmp/s"),
         format!("redis://u:{L}{R}@127.0.0.1:1#frag"),
         format!("redis://u:{L}/{R}@127.0.0.1:1"),
+        format!("redis://127.0.0.1:7001/?password={L}{R}"),
+        format!("redis://127.0.0.1:7001?pass={L}{R}&user=u"),
     ] {
         let e = build(&[&url]).err().map(|e| e.to_string());
         if let Some(e) = e {
@@ -129,6 +130,41 @@ fn odd_urls_give_errors_not_panics() {
         "redis:///".to_owned(),
     ] {
         let _ = build(&[&url]);
+    }
+}
+
+/// A `redis://` or `rediss://` URL takes only `protocol` in its query (the database goes in
+/// the path, the password in the userinfo) and no fragment; a database is 0 or more. Each of
+/// these built a client that did something else than the URL says, without a word (found in
+/// review): `?db=3` locked in database 0, `?password=` and `?pass=` connected without AUTH
+/// (every request then failed NOAUTH), `#insecure` asked redis-rs to skip certificate checks
+/// (refused at connect without its `tls-rustls-insecure` feature, honoured with it), and a
+/// negative database failed every connection.
+#[test]
+fn tcp_urls_with_parameters_they_ignore_are_refused() {
+    for url in [
+        "redis://127.0.0.1:1?db=3",
+        "redis://127.0.0.1:1/?password=s3cret",
+        "redis://127.0.0.1:1?pass=s3cret&user=u",
+        "redis://127.0.0.1:1/2?db=3",
+        "rediss://127.0.0.1:1#insecure",
+        "redis://127.0.0.1:1#frag",
+        "redis://127.0.0.1:1/-1",
+        "redis+unix:///tmp/s?db=-1",
+    ] {
+        match build(&[url]) {
+            Err(Error::Config(ConfigError::InvalidNodeUrl { reason, .. })) => {
+                println!("{url}: {reason}");
+            }
+            other => panic!("{url}: expected InvalidNodeUrl, got {other:?}"),
+        }
+    }
+    for url in [
+        "redis://127.0.0.1:1?protocol=resp3",
+        "redis://127.0.0.1:1/3",
+        "redis+unix:///tmp/s?db=2",
+    ] {
+        build(&[url]).unwrap_or_else(|e| panic!("{url}: {e}"));
     }
 }
 
