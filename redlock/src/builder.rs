@@ -236,6 +236,16 @@ impl RedlockBuilder {
                 "an even number of nodes tolerates no more failures than one node fewer"
             );
         }
+        if let Some(quarantine) = c.restart_quarantine
+            && quarantine < c.ttl
+        {
+            tracing::warn!(
+                ?quarantine,
+                ttl = ?c.ttl,
+                "restart_quarantine is shorter than the ttl: a node that restarted without its \
+                 data can vote again while a lock's key is still live on other nodes"
+            );
+        }
         let identities = Arc::new(Identities::new(
             specs.iter().map(|s| Arc::clone(&s.name)).collect(),
         ));

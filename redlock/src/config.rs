@@ -129,7 +129,7 @@ pub struct Config {
     /// from an older snapshot, or killed with AOF `everysec`, may lack a live lock key. Learned
     /// from `INFO server` (`uptime_in_seconds`) when a connection opens; the ACL user needs
     /// `+info`. New servers are quarantined too. Set it to at least the longest TTL any client
-    /// uses. Default: `None` (see docs/leases.md for the trade-off).
+    /// uses (`build()` logs a warning when it is shorter than this client's TTL). Default: `None` (see docs/leases.md for the trade-off).
     pub restart_quarantine: Option<Duration>,
 }
 

@@ -391,3 +391,39 @@ async fn percent_encoded_password_with_reserved_characters_authenticates() {
         assert!(!text.contains(piece), "{piece:?} in {text}");
     }
 }
+
+/// A restart quarantine shorter than the client's TTL lets a node that restarted without its
+/// data vote again while a lock's key may still be live elsewhere: the protection it exists for
+/// is gone, and `build()` accepted it without a word (found in review). It still builds (tests
+/// and short-lived locks use short quarantines on purpose) but says so, once, at build.
+#[test]
+fn a_restart_quarantine_shorter_than_the_ttl_is_warned_about() {
+    let logs = Captured::default();
+    let sink = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(move || sink.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let build = |quarantine: Duration| {
+        Redlock::builder()
+            .nodes(["redis://127.0.0.1:1"])
+            .ttl(Duration::from_secs(10))
+            .restart_quarantine(quarantine)
+            .build()
+            .unwrap();
+        let shown = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+        logs.0.lock().unwrap().clear();
+        shown
+    };
+    let short = build(Duration::from_secs(1));
+    assert!(
+        short.contains("restart_quarantine") && short.contains("shorter than the ttl"),
+        "a 1 s quarantine with a 10 s TTL: {short:?}"
+    );
+    let long = build(Duration::from_secs(10));
+    assert!(
+        !long.contains("restart_quarantine"),
+        "a quarantine as long as the TTL: {long:?}"
+    );
+}
