@@ -157,6 +157,7 @@ pub fn analyze(mode: &'static str, settings: &Settings, out: &Outcomes) -> Summa
             ));
         }
     }
+    failures.extend(vacuous(settings, out));
     Summary {
         mode,
         settings: settings.clone(),
@@ -170,6 +171,49 @@ pub fn analyze(mode: &'static str, settings: &Settings, out: &Outcomes) -> Summa
         check_ms,
         failures,
     }
+}
+
+/// What makes a run's checks vacuous: a run that granted no lock, admitted no write, injected
+/// none of the faults it was asked for, or could not read a register's final value checked
+/// nothing of what it reports, and passed as if it had (found in review: an empty history, or
+/// `--duration 5s`, which schedules no fault, passed).
+fn vacuous(settings: &Settings, out: &Outcomes) -> Vec<String> {
+    let done = |kind: Kind| {
+        out.ops
+            .iter()
+            .filter(|o| o.kind == kind && o.outcome == Outcome::Ok)
+            .count()
+    };
+    let mut failures = Vec::new();
+    if done(Kind::Acquire) == 0 {
+        failures.push("no lock was granted in the whole run: nothing was checked".to_owned());
+    }
+    if done(Kind::Write) == 0 {
+        failures.push(
+            "no write was done in the whole run: the register checks had nothing to check"
+                .to_owned(),
+        );
+    }
+    if !settings.nemesis.is_empty() && out.faults.is_empty() {
+        let asked: Vec<&str> = settings.nemesis.iter().map(|k| k.name()).collect();
+        failures.push(format!(
+            "no fault was injected in {:?} (nemesis {}): the run tested none; faults start 1-5 s \
+             into a run and last 1-4 s",
+            settings.duration,
+            asked.join(",")
+        ));
+    }
+    let unread: Vec<String> = (0..out.finals.len())
+        .filter(|&r| out.finals[r].is_none())
+        .map(|r| format!("r{r}"))
+        .collect();
+    if !unread.is_empty() {
+        failures.push(format!(
+            "the final value of {} could not be read: the lost-update check did not run there",
+            unread.join(", ")
+        ));
+    }
+    failures
 }
 
 fn kind_name(k: Kind) -> &'static str {
@@ -321,4 +365,152 @@ pub fn render(s: &Summary) -> String {
         }
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::nemesis::{Fault, Kind as FaultKind};
+    use crate::options::FenceBackend;
+
+    fn settings(nemesis: Vec<FaultKind>) -> Settings {
+        Settings {
+            seed: 1,
+            duration: Duration::from_secs(30),
+            nodes: 3,
+            clients: 2,
+            tasks: 1,
+            resources: 1,
+            nemesis,
+            fence: FenceBackend::Memory,
+            fencing: true,
+            quarantine: true,
+            drift_factor: 0.01,
+            ttl: Duration::from_secs(1),
+            jump: None,
+            processes: false,
+        }
+    }
+
+    fn op(kind: Kind, outcome: Outcome, at: u64) -> Op {
+        Op {
+            client: 0,
+            task: 0,
+            resource: 0,
+            hold: 1,
+            kind,
+            outcome,
+            invoke: at,
+            complete: at + 1,
+            valid_until: (kind == Kind::Acquire).then_some(at + 1_000_000),
+            fence: Some("f1,n1=10".to_owned()),
+            read: (kind == Kind::Write).then_some(0),
+            wrote: (kind == Kind::Write).then_some(1),
+            error: None,
+        }
+    }
+
+    fn pause_applied() -> Applied {
+        Applied {
+            fault: Fault {
+                id: 0,
+                kind: FaultKind::Pause,
+                at: Duration::from_secs(2),
+                lasts: Duration::from_secs(2),
+                nodes: Vec::new(),
+                client: Some(0),
+                amount: Duration::ZERO,
+                jitter: Duration::ZERO,
+            },
+            injected: 2_000_000_000,
+            healed: 4_000_000_000,
+            in_model: InModel {
+                mutex: true,
+                fenced: true,
+            },
+            error: None,
+        }
+    }
+
+    fn outcomes(ops: Vec<Op>, faults: Vec<Applied>, finals: Vec<Option<i64>>) -> Outcomes {
+        Outcomes {
+            ops,
+            faults,
+            finals,
+            leftovers: Leftovers::default(),
+            span: (0, 30_000_000_000),
+        }
+    }
+
+    fn a_hold() -> Vec<Op> {
+        vec![
+            op(Kind::Acquire, Outcome::Ok, 10),
+            op(Kind::Write, Outcome::Ok, 20),
+            op(Kind::Release, Outcome::Ok, 30),
+        ]
+    }
+
+    /// A run with one granted hold, one write that the final value shows, and the fault it
+    /// asked for passes; take any of them away and it must not.
+    #[test]
+    fn a_run_that_checked_nothing_does_not_pass() {
+        let asked = settings(vec![FaultKind::Pause]);
+        let full = analyze(
+            "real",
+            &asked,
+            &outcomes(a_hold(), vec![pause_applied()], vec![Some(1)]),
+        );
+        assert!(full.passed(), "{:?}", full.failures);
+
+        let empty = analyze(
+            "real",
+            &asked,
+            &outcomes(vec![], vec![pause_applied()], vec![Some(0)]),
+        );
+        assert!(!empty.passed(), "an empty history passed");
+
+        let refused: Vec<Op> = a_hold()
+            .into_iter()
+            .map(|mut o| {
+                if o.kind == Kind::Write {
+                    o.outcome = Outcome::Fail;
+                }
+                o
+            })
+            .collect();
+        let unwritten = analyze(
+            "real",
+            &asked,
+            &outcomes(refused, vec![pause_applied()], vec![Some(0)]),
+        );
+        assert!(!unwritten.passed(), "a run without one write passed");
+
+        let faultless = analyze("real", &asked, &outcomes(a_hold(), vec![], vec![Some(1)]));
+        assert!(
+            !faultless.passed(),
+            "a run that injected none of its faults passed"
+        );
+        let calm = analyze(
+            "real",
+            &settings(vec![]),
+            &outcomes(a_hold(), vec![], vec![Some(1)]),
+        );
+        assert!(
+            calm.passed(),
+            "a run asked for no faults: {:?}",
+            calm.failures
+        );
+
+        let unread = analyze(
+            "real",
+            &asked,
+            &outcomes(a_hold(), vec![pause_applied()], vec![None]),
+        );
+        assert!(
+            !unread.passed(),
+            "a run whose register could not be read passed"
+        );
+    }
 }

@@ -365,6 +365,13 @@ pub fn main(settings: Settings, count: u64, threads: usize, json: Option<PathBuf
             failures.push(format!("negative control: {control} found no violation"));
         }
     }
+    // Histories that did nothing, or injected none of the faults asked for, checked nothing.
+    if b.ops == 0 {
+        failures.push("no operation in any history: nothing was checked".to_owned());
+    }
+    if !nemesis.is_empty() && b.faults == 0 {
+        failures.push("no fault was injected in any history".to_owned());
+    }
     if let Some((seed, first)) = &b.caught {
         println!("  negative control first caught at seed {seed}: {first}");
     }
