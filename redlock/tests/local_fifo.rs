@@ -544,9 +544,11 @@ async fn a_client_alone_on_a_once_contended_lock_does_not_stagger() {
 /// half of them; with the races after its own releases (the ones it loses) left out, a
 /// client's share looks larger than a fair share of two, and its staggers are held back by
 /// more ranges for it. The pauses added for winning more than a fair share stay small here:
-/// a mean of 0.00–0.01 ranges on a quiet machine, 0.01–0.33 beside four busy loops and
-/// 0.41–0.50 once in CI (test binaries side by side); with those races left out, 2.45–2.76,
-/// and 1.61–2.06 beside four busy loops.
+/// a mean of 0.00–0.01 ranges on a quiet machine, 0.01–0.33 beside four busy loops,
+/// 0.41–0.50 once in CI (test binaries side by side), 1.04 once in local lanes and 1.14 once in
+/// a fresh-clone CI run (6f0fd8c: 1.38 and 0.92 for the two clients, with 102 and 99 turns);
+/// with those races left out, 2.45–2.76, and 1.61–2.06 beside four busy loops. The bound is
+/// 1.5, between the two (it was 1.0, which CI load crossed).
 #[test]
 fn two_clients_taking_turns_are_not_held_back_for_winning() {
     const TURNS: usize = 200;
@@ -593,7 +595,7 @@ fn two_clients_taking_turns_are_not_held_back_for_winning() {
         wins.len()
     );
     assert!(
-        mean <= 1.0,
+        mean <= 1.5,
         "two clients sharing the lock were held back by {mean:.2} stagger ranges on average"
     );
 }
