@@ -715,9 +715,18 @@ async fn node_wait_ended_by(key: &str, everywhere: bool, second: &str) -> (Durat
     waiting(&cluster, &[key]).await;
     let before = script_calls(&cluster, first).await;
     common::publish(&cluster, first, &channel, "a1").await;
-    // The wake-up and the quick retries after it: a few attempts within milliseconds.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let woken = script_calls(&cluster, first).await - before;
+    // The wake-up and the quick retries after it: a few attempts within milliseconds on a quiet
+    // machine. Counted until two came, for at most 2 s (half the retry delay, so a waiter that
+    // missed the release and retried after its delay is not counted as woken), then 300 ms for
+    // the rest of the quick retries. A fixed 500 ms saw none once in a fresh-clone CI run
+    // (6e0745a), whose hand-off after the second release then took 2.8 ms.
+    let counting = Instant::now();
+    let mut woken = script_calls(&cluster, first).await - before;
+    while woken < 2 && counting.elapsed() < HANDOFF_RETRY_DELAY / 2 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        woken = script_calls(&cluster, first).await - before;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
     for &i in &held {
         common::del(&cluster, i, &stored).await;
     }
