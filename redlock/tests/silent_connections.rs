@@ -78,7 +78,7 @@ impl Freezer {
 
 /// Three nodes, node 0 behind a [`Freezer`], and a client of them (`ttl`, 50 ms node timeout,
 /// 300 ms connect timeout, one attempt per acquire).
-async fn behind_a_freezer(ttl: Duration) -> (Cluster, Freezer, Redlock) {
+async fn behind_a_freezer(ttl: Duration, connect: Duration) -> (Cluster, Freezer, Redlock) {
     let cluster = Cluster::start(3).await.unwrap();
     let freezer = Freezer::start(cluster.node(0).addr()).await;
     let urls = vec![
@@ -90,7 +90,7 @@ async fn behind_a_freezer(ttl: Duration) -> (Cluster, Freezer, Redlock) {
         .nodes(urls)
         .ttl(ttl)
         .node_timeout(Duration::from_millis(50))
-        .connect_timeout(Duration::from_millis(300))
+        .connect_timeout(connect)
         .retry(RetryPolicy::once())
         .build()
         .unwrap();
@@ -127,7 +127,8 @@ async fn node_0_votes_again(cluster: &Cluster, rl: &Redlock, after: &str) {
 /// network). Node 2 is paused, so every acquire needs node 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_connection_to_a_healthy_node_is_replaced() {
-    let (cluster, freezer, rl) = behind_a_freezer(Duration::from_secs(2)).await;
+    let (cluster, freezer, rl) =
+        behind_a_freezer(Duration::from_secs(2), Duration::from_millis(300)).await;
     for report in rl.connect().await {
         assert!(
             matches!(report.outcome, redlock::NodeOutcome::Confirmed),
@@ -152,7 +153,8 @@ async fn a_silent_connection_to_a_healthy_node_is_replaced() {
 /// paused, so every acquire needs node 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_check_cut_short_by_its_runtime_does_not_stop_later_checks() {
-    let (cluster, freezer, rl) = behind_a_freezer(Duration::from_secs(2)).await;
+    let (cluster, freezer, rl) =
+        behind_a_freezer(Duration::from_secs(2), Duration::from_millis(300)).await;
     rl.connect().await;
     freezer.freeze();
     cluster.node(2).pause();
@@ -235,13 +237,16 @@ async fn a_hung_server_keeps_its_connection_and_leaves_no_keys() {
 /// timeout of silence and sent the renewal again after the retry gap to get the connection
 /// checked: it expired here in CI under load, and with a 2 s TTL (renewed with about 1.4 s
 /// left) it came back with 230–330 ms left, and expired in 1 of 4 runs beside six busy loops.
-/// The TTL is 5 s (renewed with about 3.3 s left): with 3 s, the fixed wait expired once more
-/// in a fresh-clone CI run (6f0fd8c, test binaries side by side), where checking a silent
-/// connection takes about three connect timeouts (300 ms here) plus an opening on a debug
-/// client short of CPU. A wait until the validity runs out still loses the lock, at any TTL.
+/// With a 3 s TTL and a 300 ms connect timeout, the fixed wait expired again in fresh-clone CI
+/// runs (6f0fd8c with 3 s, 80f0c32 with 5 s, test binaries side by side): the check needs a new
+/// connection opened within the connect timeout, and a debug client short of CPU did not open
+/// one in 300 ms. Here the connect timeout is the default 1 s and the TTL 8 s (renewed with
+/// about 5.3 s left; the check takes about three connect timeouts plus an opening). A wait
+/// until the validity runs out still loses the lock, at any TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guard_keeps_its_lock_when_a_needed_nodes_connection_goes_silent() {
-    let (cluster, freezer, rl) = behind_a_freezer(Duration::from_secs(5)).await;
+    let (cluster, freezer, rl) =
+        behind_a_freezer(Duration::from_secs(8), Duration::from_secs(1)).await;
     rl.connect().await;
     let guard = rl
         .guard(
@@ -252,7 +257,7 @@ async fn a_guard_keeps_its_lock_when_a_needed_nodes_connection_goes_silent() {
         .unwrap();
     freezer.freeze();
     cluster.node(2).pause();
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    tokio::time::sleep(Duration::from_secs(9)).await;
     let lost = guard.reason();
     cluster.node(2).resume();
     assert!(
