@@ -134,6 +134,12 @@ fn policy(wait: Duration) -> RetryPolicy {
     }
 }
 
+/// Waits until the client's background releases are done, for at most the time a request may
+/// take (a connection being opened included): five node timeouts.
+async fn settle(rl: &redlock::Redlock) {
+    let _ = tokio::time::timeout(rl.config().node_timeout * 5, rl.settle()).await;
+}
+
 pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failure> {
     let rl = settings.build(
         settings
@@ -152,12 +158,12 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
         acquired = rl.acquire(resource) => acquired,
         Some(origin) = signals.recv() => {
             spinner.stop();
-            // The abandoned attempt releases its grants in the background: give it the time a
-            // request may take before the process ends (else the keys expire with their TTL).
-            // A second signal ends the wait at once (it was swallowed: with a node timeout of
-            // 2 s, ten seconds passed before a repeated Ctrl-C had any effect).
+            // The abandoned attempt releases its grants in the background: wait until that is
+            // done (else the keys expire with their TTL), for at most the time a request may
+            // take. A second signal ends the wait at once (it was swallowed: with a node
+            // timeout of 2 s, ten seconds passed before a repeated Ctrl-C had any effect).
             tokio::select! {
-                () = tokio::time::sleep(rl.config().node_timeout * 5) => {}
+                () = settle(&rl) => {}
                 Some(_) = signals.recv() => {}
             }
             errln!("redlock: interrupted while waiting for the lock on {named}");
@@ -174,9 +180,9 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
                 || matches!(e, redlock::Error::Config(_))
             {
                 // Nodes that granted (or whose answer is unknown) are released by a background
-                // task of the client; give it the time a request may take (a connection being
-                // opened included) before the process ends, or those keys live out their TTL.
-                tokio::time::sleep(rl.config().node_timeout * 5).await;
+                // task of the client; wait for it before the process ends, or those keys live
+                // out their TTL.
+                settle(&rl).await;
             }
             return Err(acquire_failure(settings, resource, args.wait, &e));
         }

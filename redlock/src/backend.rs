@@ -362,6 +362,11 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// How long the engine waits for node `i`'s answer to one request — including any wait for
     /// a connection being opened, which goes on in the background past it.
     fn budget(&self, i: usize) -> Duration;
+    /// The client's background tasks (see [`crate::background`]); `None` where nothing waits
+    /// for them.
+    fn background(&self) -> Option<&crate::background::Background> {
+        None
+    }
     /// Sends `op` to node `i`. The future must make progress on its own once created
     /// (it is polled from a spawned task) and must not borrow `self`.
     fn call(&self, i: usize, op: Arc<Op>) -> BoxFuture<'static, Result<Reply, NodeError>>;

@@ -276,6 +276,7 @@ impl RedlockBuilder {
             node_timeout: c.node_timeout,
             connect_timeout: c.connect_timeout,
             identities,
+            background: crate::background::Background::default(),
         };
         let waiters = Waiters::new(
             backend

@@ -6,6 +6,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 
 use crate::backend::Backend;
+use crate::background::Background;
 use crate::config::{Config, RetryPolicy};
 use crate::core::Core;
 use crate::error::{Error, NodeOutcome, NodeReport};
@@ -53,7 +54,11 @@ impl Drop for Unstarted {
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 let core = Arc::clone(&self.core);
-                drop(rt.spawn(async move { core.release(lock).await }));
+                let task = core.backend.background().map(Background::task);
+                drop(rt.spawn(async move {
+                    let _task = task;
+                    core.release(lock).await
+                }));
             }
             Err(_) => tracing::warn!(
                 resources = ?lock.resources(),
@@ -397,6 +402,29 @@ impl Redlock {
     /// Safe: it only reads and listens.
     pub async fn wait_released(&self, resource: &str, timeout: Duration) -> Result<(), Error> {
         self.core.wait_released(resource, timeout).await
+    }
+
+    /// Waits until the work this client goes on with in the background has ended: the release
+    /// of a [`LockGuard`] dropped without [`LockGuard::release`], a [`release`](Self::release)
+    /// future dropped before it was polled, the cleanup of an attempt that failed after some
+    /// node granted, and the answers still awaited from a slow node when a phase was decided
+    /// without it. Each of these is a task of the runtime it started on; a program that shuts
+    /// that runtime down first (returns from `main`) drops them, and their keys stay until
+    /// their TTL — the next run of a job finds its own lock held. Call this before returning.
+    ///
+    /// Every such task is bounded by its requests' node budgets plus a one-second grace for a
+    /// node that does not answer, so this returns within about the node timeout plus one
+    /// second (longer only while a node's connection is still being opened) unless new
+    /// background work keeps starting; wrap it in a timeout for a hard bound. Renewals of
+    /// guards still alive are not background work here: release or drop those guards first.
+    /// Clones of a client share its background work.
+    ///
+    /// # Cancel safety
+    /// Safe: it only waits; the tasks go on without it.
+    pub async fn settle(&self) {
+        if let Some(background) = self.core.backend.background() {
+            background.idle().await;
+        }
     }
 
     /// Opens the connection to every node now instead of on first use, waiting up to the

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::{Backend, Op, Reach, Wake};
+use crate::background::Background;
 use crate::config::{Config, MAX_RESOURCES_PER_LOCK, RetryPolicy};
 use crate::engine::{self, First, Goal, Judge, Phase};
 use crate::error::{
@@ -1577,6 +1578,10 @@ fn start_release<B: Backend>(
 impl<B: Backend> Releaser for Core<B> {
     fn finish(&self, held: &Arc<Held>, reason: LostReason) {
         self.renewer.finish(held, reason);
+    }
+
+    fn background(&self) -> Option<crate::background::Task> {
+        self.backend.background().map(Background::task)
     }
 
     fn release_held(

@@ -23,6 +23,7 @@ use tokio::task::coop::Unconstrained;
 use tokio::time::{Instant, Sleep};
 
 use crate::backend::{Backend, Op, Reach, Reply};
+use crate::background::Background;
 use crate::claim::Claim;
 use crate::config::{Config, drift};
 use crate::error::{
@@ -796,7 +797,13 @@ impl<B: Backend> Drop for Phase<B> {
         // grants of an abandoned attempt, telemetry) by a task of their own.
         if let Some(driver) = self.driver.take() {
             match tokio::runtime::Handle::try_current() {
-                Ok(rt) => drop(rt.spawn(driver)),
+                Ok(rt) => {
+                    let task = self.backend.background().map(Background::task);
+                    drop(rt.spawn(async move {
+                        let _task = task;
+                        driver.await;
+                    }));
+                }
                 Err(_) => tracing::warn!(
                     phase = ?self.name,
                     "no runtime to follow the requests still in flight; a grant among them expires with its TTL"
@@ -1487,6 +1494,7 @@ fn send_cleanup<B: Backend>(
     };
     let call = handed_over(backend.call(i, op));
     let node = backend.name(i).clone();
+    let task = backend.background().map(Background::task);
     // A task dropped unfinished (its runtime shut down) leaves the cleanup counted as under way
     // until the phase's `settles_by`: it may have been written and still be on its way, and a
     // re-claim sent as if it were done went ahead of it and lost its keys to it (test
@@ -1501,6 +1509,7 @@ fn send_cleanup<B: Backend>(
     // the_reclaimed_lock`). Any other answer — the node's, or an error before anything was
     // written (no connection, refused credentials) — settles it.
     rt.spawn(async move {
+        let _task = task;
         let result = tokio::time::timeout(DELIVERY_GRACE, call).await;
         let answered = match &result {
             Ok(Ok(_)) => true,

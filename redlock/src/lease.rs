@@ -295,7 +295,9 @@ impl Drop for LockGuard {
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 let core = Arc::clone(&self.core);
+                let task = core.background();
                 rt.spawn(async move {
+                    let _task = task;
                     if let Err(e) = core.release_held(held).await {
                         tracing::warn!(error = %e, "background release of a dropped guard failed");
                     }
@@ -312,6 +314,9 @@ impl Drop for LockGuard {
 pub(crate) trait Releaser: Send + Sync + 'static {
     /// Marks the lease done, stops its renewal and fires `reason`.
     fn finish(&self, held: &Arc<Held>, reason: LostReason);
+    /// Counts a background task of the client until it is dropped (see
+    /// [`crate::background`]).
+    fn background(&self) -> Option<crate::background::Task>;
     /// Owner-checked release of the held lock.
     fn release_held(
         &self,

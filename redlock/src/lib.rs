@@ -4,6 +4,7 @@
 mod det;
 
 mod backend;
+mod background;
 mod builder;
 mod claim;
 mod client;

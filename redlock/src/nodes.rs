@@ -33,6 +33,15 @@ impl Nodes {
 
 impl Backend for Nodes {
     #[inline]
+    fn background(&self) -> Option<&crate::background::Background> {
+        match self {
+            Self::Redis(b) => b.background(),
+            #[cfg(feature = "simulation")]
+            Self::Sim(b) => b.background(),
+        }
+    }
+
+    #[inline]
     fn len(&self) -> usize {
         match self {
             Self::Redis(b) => b.len(),

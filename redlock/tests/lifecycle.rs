@@ -203,3 +203,90 @@ async fn a_release_by_another_client_does_not_leave_the_takers_late_grant_behind
         left_behind.first()
     );
 }
+
+/// Releases a client starts in the background — a guard dropped without `release`, a release
+/// future dropped before it was polled, the cleanup of an attempt that failed after a node
+/// granted — run as tasks of the runtime they were started on. A program that returns from
+/// `main` right after them shut that runtime down first, and the keys stayed for their whole
+/// TTL: the next run of a cron job found its own lock held. `Redlock::settle` waits for them.
+#[test]
+fn background_releases_are_done_when_settle_returns() {
+    use redlock_testkit::redis::AsyncCommands;
+    let crt = cluster_runtime();
+    let cluster = crt.block_on(Cluster::start(3)).unwrap();
+    // A client per runtime, as a program run by cron has (a connection's task lives on the
+    // runtime that opened it).
+    let client = || {
+        builder(cluster.urls(), Duration::from_secs(30))
+            .retry(RetryPolicy::once())
+            .build()
+            .unwrap()
+    };
+    // Nodes 0 and 2 hold "partial" for someone else: an attempt gets node 1's grant only.
+    crt.block_on(async {
+        for i in [0, 2] {
+            let mut c = cluster.node(i).connection().await.unwrap();
+            let _: () = c
+                .set_options(
+                    "redlock:lock:partial",
+                    "someone-else",
+                    redlock_testkit::redis::SetOptions::default()
+                        .with_expiration(redlock_testkit::redis::SetExpiry::PX(30_000)),
+                )
+                .await
+                .unwrap();
+        }
+    });
+    // Each on a runtime of its own that ends right after it, as `main` returning would.
+    runtime().block_on(async {
+        let rl = client();
+        let guard = rl
+            .guard(rl.try_acquire("dropped-guard").await.unwrap())
+            .unwrap();
+        drop(guard);
+        rl.settle().await;
+    });
+    runtime().block_on(async {
+        let rl = client();
+        let lock = rl.try_acquire("dropped-release").await.unwrap();
+        drop(rl.release(lock));
+        rl.settle().await;
+    });
+    runtime().block_on(async {
+        let rl = client();
+        assert!(rl.try_acquire("partial").await.is_err());
+        rl.settle().await;
+    });
+    // With a node hung, settling waits for its answer only within its bounds: the node
+    // timeout (50 ms here) and a second's grace.
+    cluster.node(2).pause();
+    let settled_in = runtime().block_on(async {
+        let rl = client();
+        let guard = rl
+            .guard(rl.try_acquire("hung-node").await.unwrap())
+            .unwrap();
+        drop(guard);
+        let started = std::time::Instant::now();
+        rl.settle().await;
+        started.elapsed()
+    });
+    cluster.node(2).resume();
+    assert!(
+        settled_in < Duration::from_secs(3),
+        "settle waited {settled_in:?} for a hung node"
+    );
+    let left: Vec<(usize, String)> = crt
+        .block_on(cluster.keys("redlock:lock:*"))
+        .into_iter()
+        .filter(|(i, key)| {
+            !(*i != 1 && key == "redlock:lock:partial"
+                || *i == 2 && key == "redlock:lock:hung-node")
+        })
+        .collect();
+    assert!(
+        left.is_empty(),
+        "keys left behind by background releases once their runtime ended: {left:?}"
+    );
+    drop(cluster);
+    drop(crt);
+}

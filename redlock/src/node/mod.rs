@@ -1401,11 +1401,16 @@ pub(crate) struct RedisBackend {
     pub(crate) node_timeout: Duration,
     pub(crate) connect_timeout: Duration,
     pub(crate) identities: Arc<Identities>,
+    pub(crate) background: crate::background::Background,
 }
 
 impl Backend for RedisBackend {
     fn len(&self) -> usize {
         self.nodes.len()
+    }
+
+    fn background(&self) -> Option<&crate::background::Background> {
+        Some(&self.background)
     }
 
     fn name(&self, i: usize) -> &Arc<str> {
