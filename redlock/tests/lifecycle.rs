@@ -290,3 +290,30 @@ fn background_releases_are_done_when_settle_returns() {
     drop(cluster);
     drop(crt);
 }
+
+/// A program without a runtime of its own makes one per call (`Runtime::new()?.block_on(..)`,
+/// as a sync application or a script binding does). A connection's task lives on the runtime
+/// that opened it, so each new runtime finds the connections of the last one dead.
+#[test]
+fn one_attempt_per_runtime_gets_the_lock_from_healthy_nodes() {
+    let crt = cluster_runtime();
+    let cluster = crt.block_on(Cluster::start(3)).unwrap();
+    let rl = builder(cluster.urls(), Duration::from_secs(5))
+        .retry(RetryPolicy::once())
+        .build()
+        .unwrap();
+    for round in 0..5 {
+        let got = runtime().block_on(async {
+            match rl.try_acquire("per-runtime").await {
+                Ok(lock) => rl.release(lock).await.map(|_| ()),
+                Err(e) => Err(e),
+            }
+        });
+        assert!(
+            got.is_ok(),
+            "round {round}: one attempt on a fresh runtime, all nodes healthy: {got:?}"
+        );
+    }
+    drop(cluster);
+    drop(crt);
+}

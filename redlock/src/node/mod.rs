@@ -57,6 +57,52 @@ struct Live {
     native: Native,
     /// Whether answers still come back on this connection.
     heard: Arc<Heard>,
+    /// Whether the runtime whose task drives this connection still runs.
+    runtime: Arc<RuntimeWatch>,
+}
+
+/// Whether the runtime a connection was opened on still runs. The connection's I/O is a task
+/// of that runtime (redis-rs spawns it there); once the runtime shuts down, every request on
+/// the connection fails at once ("broken pipe") without being sent. A program without a
+/// runtime of its own makes one per call (`Runtime::new()?.block_on(..)`), and each call found
+/// the connections of the one before dead: a single attempt failed on every node, however
+/// healthy (test `lifecycle::one_attempt_per_runtime_gets_the_lock_from_healthy_nodes`). A
+/// task of the same runtime, which ends only when the connection is forgotten or the runtime
+/// drops it, tells which; a request that finds the runtime gone opens a new connection on its
+/// own runtime instead.
+struct RuntimeWatch {
+    gone: Arc<AtomicBool>,
+    /// Dropped with the connection's last handle, which ends the watching task.
+    _forgotten: oneshot::Sender<()>,
+}
+
+impl RuntimeWatch {
+    /// Watches the current runtime (a connection opened outside one never counts as gone).
+    fn current() -> Arc<Self> {
+        struct SetOnDrop(Arc<AtomicBool>);
+        impl Drop for SetOnDrop {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Release);
+            }
+        }
+        let gone = Arc::new(AtomicBool::new(false));
+        let (forgotten, watched) = oneshot::channel::<()>();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let set = SetOnDrop(Arc::clone(&gone));
+            drop(rt.spawn(async move {
+                let _set = set;
+                let _ = watched.await;
+            }));
+        }
+        Arc::new(Self {
+            gone,
+            _forgotten: forgotten,
+        })
+    }
+
+    fn gone(&self) -> bool {
+        self.gone.load(Ordering::Acquire)
+    }
 }
 
 /// Whether a connection still answers. A connection can go silent while its server is fine —
@@ -450,6 +496,10 @@ impl RedisNode {
             .boxed()
         };
         let mut slot = lock(&self.slot);
+        if slot.live.as_ref().is_some_and(|l| l.runtime.gone()) {
+            // Its runtime shut down: nothing can be sent on it any more (see `RuntimeWatch`).
+            slot.live = None;
+        }
         if !slot.opening
             && slot.queue.is_empty()
             && let Some(live) = &slot.live
@@ -698,6 +748,7 @@ impl RedisNode {
             outbox: Arc::default(),
             native,
             heard: Arc::default(),
+            runtime: RuntimeWatch::current(),
         })
     }
 
