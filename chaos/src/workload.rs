@@ -217,7 +217,7 @@ impl Holder<'_> {
                     continue;
                 }
             };
-            let fence = lock.fence();
+            let fence = lock.fence_settled().await;
             let token = fence.as_ref().filter(|_| plan.fencing);
             let write = || self.write(&base, token, fence.as_ref());
             let style = rng.random_range(0..32u8);
@@ -352,7 +352,7 @@ impl Holder<'_> {
             fence: lock.fence().as_ref().map(ToString::to_string),
             ..base.clone()
         });
-        let fence = lock.fence();
+        let fence = lock.fence_settled().await;
         let token = fence.as_ref().filter(|_| self.plan.fencing);
         (self.record)(self.write(&base, token, fence.as_ref()).await);
         let invoke = self.clock.now();

@@ -187,7 +187,8 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
             return Err(acquire_failure(settings, resource, args.wait, &e));
         }
     };
-    let fence = lock.fence().map(|t| t.to_string());
+    // Every node's grant, not only the deciding quorum's (see `Lock::fence_settled`).
+    let fence = lock.fence_settled().await.map(|t| t.to_string());
     let guard = rl
         .guard(lock)
         .map_err(|e| Failure::new(exit::SOFTWARE, e.to_string()))?;

@@ -90,7 +90,10 @@ async fn run_worker(
         .await?;
     on_locked();
     let lease = guard.lease();
-    let token = lease.fence().ok_or("claim stamps are on by default")?;
+    let token = lease
+        .fence_settled()
+        .await
+        .ok_or("claim stamps are on by default")?;
     loop {
         // A careful worker checks its lease before each step…
         if lease.is_lost() {

@@ -33,7 +33,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             async move {
                 // The fence token goes with every write to the protected resource, which
                 // rejects a stale holder (see docs/fencing.md).
-                let fence = lease.fence().map(|t| t.to_string());
+                let fence = lease.fence_settled().await.map(|t| t.to_string());
                 // Meanwhile nobody else gets the lock.
                 let rival = rl.try_acquire("reports:daily").await;
                 (fence, matches!(rival, Err(Error::Busy { .. })))

@@ -942,6 +942,16 @@ pub(crate) enum TokenUse {
 pub(crate) struct Granted(Arc<Mutex<State>>);
 
 impl Granted {
+    /// Waits until no node's answer to the acquire is still out: each answered, or its
+    /// deadline passed (bounded by the last deadline and the delivery grace, should no driver
+    /// record the timeouts).
+    pub(crate) async fn answered(&self) {
+        let until = lock(&self.0).last_deadline + DELIVERY_GRACE;
+        Unanswered(Arc::clone(&self.0))
+            .wait(until, |st| (0..st.slots.len()).any(|i| st.unanswered(i)))
+            .await;
+    }
+
     /// Every claim received so far, sorted by node name.
     pub(crate) fn claims(&self) -> Vec<Claim> {
         let mut claims: Vec<Claim> = lock(&self.0)

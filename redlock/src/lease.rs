@@ -202,6 +202,16 @@ impl Lease {
         crate::lock::fence_of(self.held.granted.as_ref(), &self.held.claims)
     }
 
+    /// The lock's fencing token once every node has answered the acquire, as
+    /// [`Lock::fence_settled`] gives it: fence the first write with this.
+    ///
+    /// # Cancel safety
+    /// Safe: it only waits.
+    pub async fn fence_settled(&self) -> Option<fencing::FenceToken> {
+        crate::lock::settle_grants(self.held.granted.as_ref()).await;
+        self.fence()
+    }
+
     /// The lock's TTL: what every node was given, and what every renewal re-arms.
     pub fn ttl(&self) -> Duration {
         self.held.ttl

@@ -223,6 +223,31 @@ impl Lock {
     pub fn fence(&self) -> Option<fencing::FenceToken> {
         fence_of(self.granted.as_ref(), &self.claims)
     }
+
+    /// [`fence`](Self::fence) once every node has answered the acquire or run out of time:
+    /// the most nodes this lock's token can name. Right after `acquire` returns, `fence()`
+    /// names the quorum that decided; the slower nodes' grants arrive later. A resource's high
+    /// water learns only the names it is shown, and once every one of those nodes has restarted
+    /// without its data (new names) it refuses every later token as `Unrelated` until an
+    /// operator resets it — so fence the first write with this.
+    ///
+    /// Waits until every node of the acquire's last attempt answered or its node budget (the
+    /// node timeout; longer while the node's connection is being opened) ran out, counted
+    /// from that attempt's start: with every node answering, the slowest one's round trip.
+    ///
+    /// # Cancel safety
+    /// Safe: it only waits.
+    pub async fn fence_settled(&self) -> Option<fencing::FenceToken> {
+        settle_grants(self.granted.as_ref()).await;
+        self.fence()
+    }
+}
+
+/// Waits until every node answered the acquire of `granted` (or ran out of time).
+pub(crate) async fn settle_grants(granted: Option<&crate::engine::Granted>) {
+    if let Some(granted) = granted {
+        granted.answered().await;
+    }
 }
 
 /// The fence token of a grant: every claim received so far (`granted`), else the quorum's.

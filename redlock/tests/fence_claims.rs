@@ -71,3 +71,80 @@ async fn tokens_name_the_nodes_that_granted_after_the_quorum() {
     assert_eq!(token.len(), 5, "{token}");
     client.release(second).await.expect("release");
 }
+
+/// The same, with each token taken right after its `acquire` returned, as a caller fences its
+/// first write (and as `redlock run` hands the token to its command): `fence()` then named only
+/// the quorum that decided, the high water learned only those names, and the second grant was
+/// refused as `Unrelated`. `fence_settled()` waits for the late grants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_taken_right_after_acquire_names_the_late_nodes_once_settled() {
+    let cluster = Cluster::builder()
+        .nodes(5)
+        .proxied(true)
+        .start()
+        .await
+        .expect("cluster");
+    let client = Redlock::builder()
+        .nodes(cluster.urls())
+        .node_timeout(Duration::from_millis(300))
+        .build()
+        .expect("valid config");
+    let fence = MemoryFence::new();
+    client.connect().await;
+    for i in [3, 4] {
+        let proxy = cluster.node(i).proxy().expect("proxied");
+        proxy.set_delay(Duration::from_millis(40), Duration::ZERO);
+    }
+    let first = client.acquire("orders").await.expect("free");
+    let first_token = first.fence_settled().await.expect("claim stamps are on");
+    assert!(matches!(
+        fence.admit("orders", &first_token),
+        Ok(Admission::Advanced)
+    ));
+    client.release(first).await.expect("release");
+    for i in [0, 1, 2] {
+        cluster
+            .node(i)
+            .restart(DataOnRestart::Wipe)
+            .await
+            .expect("restart");
+    }
+    let warm = client.acquire("warm-up").await.expect("free");
+    client.release(warm).await.expect("release");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = client.acquire("orders").await.expect("free again");
+    let token = second.fence_settled().await.expect("claim stamps are on");
+    let admitted = fence.admit("orders", &token);
+    assert!(
+        matches!(admitted, Ok(Admission::Advanced)),
+        "a newer grant was refused ({admitted:?}): {token} against {}",
+        fence.high_water("orders")
+    );
+    assert_eq!(first_token.len(), 5, "{first_token}");
+    assert_eq!(token.len(), 5, "{token}");
+    client.release(second).await.expect("release");
+}
+
+/// `fence_settled` waits for a node that does not answer only until its node timeout passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_settled_waits_for_a_hung_node_only_its_node_timeout() {
+    let cluster = Cluster::start(3).await.expect("cluster");
+    let client = Redlock::builder()
+        .nodes(cluster.urls())
+        .node_timeout(Duration::from_millis(300))
+        .build()
+        .expect("valid config");
+    client.connect().await;
+    cluster.node(2).pause();
+    let started = tokio::time::Instant::now();
+    let lock = client.acquire("hung").await.expect("two of three grant");
+    let token = lock.fence_settled().await.expect("claim stamps are on");
+    let waited = started.elapsed();
+    cluster.node(2).resume();
+    assert_eq!(token.len(), 2, "{token}");
+    assert!(
+        waited < Duration::from_millis(300 + 500),
+        "acquire and fence_settled took {waited:?} with a 300 ms node timeout"
+    );
+    client.release(lock).await.expect("release");
+}
