@@ -289,6 +289,8 @@ struct Slot {
     cleaned: bool,
     /// Its cleanup was sent and has neither answered nor run out of time.
     cleaning: bool,
+    /// Its answer was read by the last node deadline (see [`State::take_cleanup`]).
+    read_in_time: bool,
 }
 
 /// A phase's answers, shared by its driver, its caller and (after [`Phase::keep`]) the lock.
@@ -363,6 +365,7 @@ impl State {
                     put_back: false,
                     cleaned: false,
                     cleaning: false,
+                    read_in_time: false,
                 })
                 .collect(),
             positive: 0,
@@ -407,6 +410,7 @@ impl State {
         let clock = self.own_clock(at_us, read);
         let slot = &mut self.slots[i];
         slot.clock = clock;
+        slot.read_in_time = read <= self.last_deadline;
         slot.before_us = clock.map(|c| cleanup_deadline(c.at, self.settles_by, read));
         slot.outcome = outcome;
         if !self.decided
@@ -456,15 +460,20 @@ impl State {
         let abandoned = self.abandoned;
         let slot = &mut self.slots[i];
         let may_hold = if self.own_token {
-            // Not after the last node deadline either, whenever the answer is read (the
-            // caller's future may not be polled for a while): until then its deletes are
-            // waited for by the next attempt with the token (`reclaim`), not after. Sent
-            // later, it deleted the keys such an attempt had kept, and a rival took the lock
-            // (test `reclaim_attacks::a_reclaim_polled_again_after_its_deadlines_deletes_
-            // nothing`).
+            // Only for a grant whose answer was read by the last node deadline (the caller's
+            // future may not be polled for a while), and not after `settles_by`: until then its
+            // deletes are waited for by the next attempt with the token (`reclaim`), not after.
+            // A cleanup of answers read only after a stall deleted the keys such an attempt had
+            // kept, and a rival took the lock (test `reclaim_attacks::a_reclaim_polled_again_
+            // after_its_deadlines_deletes_nothing`). Cut off at the last deadline itself, it
+            // skipped every attempt whose failure was decided by a node's timeout — recorded at
+            // that deadline — and the grants answered in time stayed for the TTL (test
+            // `reclaim_attacks::a_failed_reclaim_decided_by_a_timeout_cleans_up_the_node_that_
+            // granted`, found in review).
             slot.outcome == NodeOutcome::Confirmed
                 && !slot.kept
-                && Instant::now() <= self.last_deadline
+                && slot.read_in_time
+                && Instant::now() <= self.settles_by
         } else {
             !matches!(slot.outcome, NodeOutcome::Pending) && slot.outcome.may_hold()
         };

@@ -840,3 +840,39 @@ async fn a_release_sends_no_unbounded_delete_to_a_node_whose_grant_was_never_rea
         "node 2 keeps the unread grant's key: {pttls:?}"
     );
 }
+
+/// A failed re-claim decided by a node's timeout. Node 0 grants at once, node 1 refuses, and
+/// node 2 (held by another owner too) answers after its node timeout: the attempt can only
+/// fail once that timeout is recorded, which is at the last node deadline. The cleanup of node
+/// 0's grant was cut off at that deadline (a rule meant for an attempt whose answers were read
+/// late, after a stall), so node 0 kept the token's key for the TTL (found in review), although
+/// its grant answered well within its budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_reclaim_decided_by_a_timeout_cleans_up_the_node_that_granted() {
+    let cluster = common::proxied(3).await;
+    let resource = "timeout-decided";
+    let key = format!("redlock:lock:{resource}");
+    common::set_px(&cluster, 1, &key, "someone", 60_000).await;
+    common::set_px(&cluster, 2, &key, "someone", 60_000).await;
+    let x = Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(20))
+        .node_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let _ = x.connect().await;
+    cluster
+        .node(2)
+        .proxy()
+        .unwrap()
+        .set_delay(Duration::from_millis(300), Duration::ZERO);
+    let token = Token::random().unwrap();
+    let attempt = x.try_acquire_with_token([resource], &token).await;
+    assert!(attempt.is_err(), "nodes 1 and 2 are held by another owner");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let pttls = common::pttls(&cluster, &key).await;
+    assert_eq!(
+        pttls[0], -2,
+        "the failed re-claim's key on node 0 stays for its TTL: PTTL {pttls:?}"
+    );
+}
