@@ -317,3 +317,56 @@ fn one_attempt_per_runtime_gets_the_lock_from_healthy_nodes() {
     drop(cluster);
     drop(crt);
 }
+
+/// A node that lost its script cache gets the scripts loaded again by a background task of the
+/// runtime whose request found them missing, one reload at a time. A runtime that ended while
+/// its reload was on its way left the node marked "reloading" for good: after the next loss
+/// of the cache, nothing loaded the scripts again, and every acquire there failed with
+/// NOSCRIPT for as long as the connection lived (found in review).
+#[test]
+fn a_script_reload_cut_short_by_its_runtime_does_not_stop_later_reloads() {
+    let crt = cluster_runtime();
+    let cluster = crt
+        .block_on(Cluster::builder().nodes(3).proxied(true).start())
+        .unwrap();
+    let rl = builder(cluster.urls(), Duration::from_secs(5))
+        .node_timeout(Duration::from_millis(500))
+        .retry(RetryPolicy::once())
+        .build()
+        .unwrap();
+    crt.block_on(async {
+        for report in rl.connect().await {
+            assert!(matches!(report.outcome, redlock::NodeOutcome::Confirmed));
+        }
+    });
+    cluster.node(2).kill();
+    let link = cluster.node(0).proxy().unwrap();
+    link.set_delay(Duration::from_millis(50), Duration::ZERO);
+    crt.block_on(cluster.node(0).script_flush()).unwrap();
+    // Node 0 answers NOSCRIPT 100 ms in; the reload it starts is on its way (another 100 ms)
+    // when this runtime ends.
+    // (Its grant on node 1 may stay: its cleanup ends with the runtime too. The attempts
+    // below take another resource.)
+    let first = runtime().block_on(async { rl.try_acquire("reload").await.map(|_| ()) });
+    assert!(first.is_err(), "node 0 had no scripts and node 2 is dead");
+    link.set_delay(Duration::ZERO, Duration::ZERO);
+    std::thread::sleep(Duration::from_millis(300));
+    crt.block_on(cluster.node(0).script_flush()).unwrap();
+    let got = runtime().block_on(async {
+        let started = tokio::time::Instant::now();
+        loop {
+            match rl.try_acquire("reloaded").await {
+                Ok(lock) => return rl.release(lock).await.map(|_| ()),
+                Err(e) if started.elapsed() > Duration::from_secs(3) => return Err(e),
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    });
+    assert!(
+        got.is_ok(),
+        "node 0 never had its scripts loaded again: {:?}",
+        got.map_err(|e| e.to_string())
+    );
+    drop(cluster);
+    drop(crt);
+}

@@ -855,12 +855,27 @@ impl RedisNode {
 
     /// Loads the scripts again after a node lost its script cache (`SCRIPT FLUSH`). Runs in
     /// the background, one reload at a time.
+    ///
+    /// The flag is cleared when the task ends, also when it is dropped unfinished with its
+    /// runtime: left set, no later loss of the cache was ever reloaded, and every acquire on
+    /// the node failed with `NOSCRIPT` for as long as the connection lived (test
+    /// `lifecycle::a_script_reload_cut_short_by_its_runtime_does_not_stop_later_reloads`).
     fn reload_scripts(self: &Arc<Self>, mut conn: MultiplexedConnection) {
+        struct Reloading(Arc<RedisNode>);
+        impl Drop for Reloading {
+            fn drop(&mut self) {
+                self.0.reloading.store(false, Ordering::SeqCst);
+            }
+        }
         if self.reloading.swap(true, Ordering::SeqCst) {
             return;
         }
-        let node = Arc::clone(self);
-        tokio::spawn(async move {
+        let reloading = Reloading(Arc::clone(self));
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        drop(rt.spawn(async move {
+            let node = &reloading.0;
             let mut load = redis::pipe();
             for s in scripts::all() {
                 load.cmd("SCRIPT").arg("LOAD").arg(s.source).ignore();
@@ -872,8 +887,7 @@ impl RedisNode {
             if let Err(e) = done {
                 tracing::debug!(node = %node.name, error = %node.node_error(&e, None), "reloading scripts failed");
             }
-            node.reloading.store(false, Ordering::SeqCst);
-        });
+        }));
     }
 
     fn node_error(&self, e: &redis::RedisError, token: Option<&str>) -> NodeError {
