@@ -13,7 +13,8 @@ use crate::token::{FenceToken, TokenRef, write_text_form};
 pub enum Admission {
     /// The token raised (or first set) the high water: a new grant, or a newer one.
     Advanced,
-    /// Every claim equals the high water already: the same grant again (an idempotent retry).
+    /// Every claim equals the high water already: the same grant again (a retry, or another
+    /// write of the same holder; their order is the holder's to keep).
     Repeated,
 }
 

@@ -273,7 +273,9 @@ impl RedisFence {
     /// # Cancel safety
     ///
     /// Dropping the future after the request was sent leaves the outcome unknown: the script
-    /// may or may not have run. Retrying with the same token is safe (it is idempotent).
+    /// may or may not have run. Retrying with the same token is safe against other holders; a
+    /// retry sent on another connection can land before the first try, which the fence does not
+    /// order (docs/fencing.md, the admission rule).
     pub async fn admit<'a, C: ConnectionLike>(
         &self,
         conn: &mut C,
@@ -285,7 +287,8 @@ impl RedisFence {
 
     /// The fenced register's write: sets register `name` to `value` only if `token` is
     /// admitted on `name`, in one script. The same grant writing again is admitted and
-    /// overwrites (an idempotent retry).
+    /// overwrites: the fence orders grants, not one grant's writes, so a write of this grant
+    /// delayed on another connection can overwrite a later one (docs/fencing.md).
     ///
     /// A plain `SET`: the key keeps no expiry, and one it had is removed
     /// ([`Expiry::Persist`]). To write a cache entry that expires, or to keep its expiry, use
