@@ -62,12 +62,15 @@ end
 /// The first stamp a node cannot issue, and the error it answers instead. Lua's numbers are
 /// doubles: from 2^53 on, `last + 1` rounds back to `last`, and every later grant on the node
 /// got the stamp of the one before, which fence checks then took for the same holder (found
-/// in review). A stamp that far ahead comes only from a clock once set centuries ahead; the
-/// node grants nothing until its stamp key is reset (docs/fencing.md), and an acquire that
+/// in review). The limit is 16 below 2^53: a grant that kept a key answers `−(KEPT + stamp)`,
+/// which must stay exact too (at 2^53 − 9 it was rounded, and the client read a stamp the node
+/// never issued: test `protocol::a_kept_grants_stamp_near_2_53_is_the_one_the_node_stored`,
+/// found in review). A stamp that far ahead comes only from a clock once set centuries ahead;
+/// the node grants nothing until its stamp key is reset (docs/fencing.md), and an acquire that
 /// finds the limit undoes what it set.
 const STAMP_LIMIT: &str = r"
-local LIMIT = 9007199254740992
-local EXHAUSTED = 'ERR claim stamps exhausted on this node: its stamp key is at 2^53 (a clock set centuries ahead?); nothing granted'
+local LIMIT = 9007199254740976
+local EXHAUSTED = 'ERR claim stamps exhausted on this node: its stamp key is within 16 of 2^53 (a clock set centuries ahead?); nothing granted'
 ";
 
 /// The identity check shared by both acquire scripts: `KEYS[1]` is the node's identity record,

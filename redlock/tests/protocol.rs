@@ -497,3 +497,56 @@ async fn under_load_private_keys_never_see_their_own_leftovers() {
     );
     assert!(no_lock_keys_within(&cluster, Duration::from_secs(2)).await);
 }
+
+/// A grant that kept a key holding its token already answers `−(10 + stamp)`. Lua's doubles
+/// are exact only up to 2^53, so for a stamp within 10 of it the answer was rounded, and the
+/// client read a stamp the node never issued — the next grant's, for an odd one (found in
+/// review). Every grant's stamp must be the one the node stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_grants_stamp_near_2_53_is_the_one_the_node_stored() {
+    const START: u64 = (1 << 53) - 24;
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = client(cluster.urls(), Duration::from_secs(5));
+    rl.connect().await;
+    for i in 0..3 {
+        set(&cluster, i, "redlock:stamp", &START.to_string()).await;
+    }
+    let token = redlock::Token::random().unwrap();
+    let (mut last, mut granted) = (None, 0);
+    for round in 0..24 {
+        let outcome = rl.try_acquire_with_token(["kept"], &token).await;
+        let lock = match outcome {
+            Ok(lock) => lock,
+            Err(e) => {
+                assert!(
+                    e.to_string().contains("claim stamps exhausted"),
+                    "round {round}: refused for another reason: {e}"
+                );
+                break;
+            }
+        };
+        let mut stored = Vec::new();
+        for i in 0..3 {
+            let stamp: u64 = get(&cluster, i, "redlock:stamp")
+                .await
+                .unwrap()
+                .parse()
+                .unwrap();
+            stored.push(stamp);
+        }
+        for claim in lock.claims() {
+            assert!(
+                stored.contains(&claim.stamp_us),
+                "round {round}: claim stamp {} was never stored (nodes hold {stored:?})",
+                claim.stamp_us
+            );
+        }
+        last = Some(lock);
+        granted += 1;
+    }
+    // 2^53 − 23 to 2^53 − 17 are issued; the limit refuses the rest.
+    assert_eq!(granted, 7, "grants before the limit");
+    if let Some(lock) = last {
+        rl.release(lock).await.ok();
+    }
+}
