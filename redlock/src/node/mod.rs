@@ -799,13 +799,22 @@ impl RedisNode {
             // Asked only after the `PING` had waited, and not again after a try that ran out of
             // time, a check met by one slow opening took 2.4 s longer, and a guarded lock that
             // needed the node kept 0.4 s of its 8 s (test `silent_connections::a_guard_keeps_
-            // its_lock_when_the_check_of_a_silent_connection_meets_a_slow_opening`).
+            // its_lock_when_the_check_of_a_silent_connection_meets_a_slow_opening`). The old
+            // connection is still given as long as before to answer — two connect timeouts
+            // for its `PING`, and one after the server answered elsewhere — so that a
+            // connection that is merely slow (a long round trip behind a backlog) is kept.
+            let ping_sent = tokio::time::Instant::now();
             let elsewhere = async {
                 while !node.answers_elsewhere(patience).await {}
             };
             let answer = tokio::select! {
                 answer = &mut ping => Some(answer),
-                () = elsewhere => match tokio::time::timeout(patience, &mut ping).await {
+                () = elsewhere => match tokio::time::timeout_at(
+                    (ping_sent + patience * 2).max(tokio::time::Instant::now() + patience),
+                    &mut ping,
+                )
+                .await
+                {
                     Ok(answer) => Some(answer),
                     Err(_) => {
                         tracing::debug!(node = %node.name, ?patience, "no answer on the connection while the server answers a new one; replacing it");
