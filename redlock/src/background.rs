@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::Notify;
 
 /// Counts a client's background tasks.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Background(Arc<Inner>);
 
 #[derive(Debug, Default)]
@@ -70,7 +70,7 @@ mod tests {
             .expect("no task: idle at once");
         let (a, b) = (bg.task(), bg.task());
         let waiting = tokio::spawn({
-            let bg = Background(std::sync::Arc::clone(&bg.0));
+            let bg = bg.clone();
             async move { bg.idle().await }
         });
         drop(a);

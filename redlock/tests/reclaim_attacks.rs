@@ -513,7 +513,10 @@ fn a_cleanup_queued_in_an_idle_runtime_is_not_written_after_the_reclaim_with_sta
 /// with a 1 s budget and 1.2 s away with a 3 s one (found in the next review); the next
 /// attempt with the token now also waits one longest budget more, and the deadline counts to
 /// then.
-async fn slow_node_cleanup(stamps: bool, delay: Duration, node_timeout: Duration) {
+///
+/// With `slow` other than 0, that node is the slow one instead (see
+/// `a_failed_reclaim_decided_by_a_timeout_cleans_up_the_node_that_granted`).
+async fn slow_node_cleanup(stamps: bool, slow: usize, delay: Duration, node_timeout: Duration) {
     let cluster = common::proxied(3).await;
     let resource = "slow-node";
     let key = format!("redlock:lock:{resource}");
@@ -527,7 +530,7 @@ async fn slow_node_cleanup(stamps: bool, delay: Duration, node_timeout: Duration
         .build()
         .unwrap();
     let _ = x.connect().await;
-    let link = cluster.node(0).proxy().unwrap();
+    let link = cluster.node(slow).proxy().unwrap();
     link.set_delay(delay, Duration::ZERO);
     let token = Token::random().unwrap();
     let attempt = x.try_acquire_with_token([resource], &token).await;
@@ -547,20 +550,26 @@ async fn slow_node_cleanup(stamps: bool, delay: Duration, node_timeout: Duration
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_reclaims_cleanup_reaches_a_slow_node_in_time() {
     let second = Duration::from_secs(1);
-    slow_node_cleanup(true, Duration::from_millis(460), second).await;
-    slow_node_cleanup(true, Duration::from_millis(480), second).await;
+    slow_node_cleanup(true, 0, Duration::from_millis(460), second).await;
+    slow_node_cleanup(true, 0, Duration::from_millis(480), second).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_reclaims_cleanup_reaches_a_slow_node_in_time_without_stamps() {
     let second = Duration::from_secs(1);
-    slow_node_cleanup(false, Duration::from_millis(460), second).await;
-    slow_node_cleanup(false, Duration::from_millis(480), second).await;
+    slow_node_cleanup(false, 0, Duration::from_millis(460), second).await;
+    slow_node_cleanup(false, 0, Duration::from_millis(480), second).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_reclaims_cleanup_reaches_a_slow_node_with_a_long_budget_in_time() {
-    slow_node_cleanup(true, Duration::from_millis(1_200), Duration::from_secs(3)).await;
+    slow_node_cleanup(
+        true,
+        0,
+        Duration::from_millis(1_200),
+        Duration::from_secs(3),
+    )
+    .await;
 }
 
 /// The client X of the held-cleanup tests: a 2 s TTL and a 1.9 s minimum validity, so that
@@ -849,30 +858,11 @@ async fn a_release_sends_no_unbounded_delete_to_a_node_whose_grant_was_never_rea
 /// its grant answered well within its budget.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_reclaim_decided_by_a_timeout_cleans_up_the_node_that_granted() {
-    let cluster = common::proxied(3).await;
-    let resource = "timeout-decided";
-    let key = format!("redlock:lock:{resource}");
-    common::set_px(&cluster, 1, &key, "someone", 60_000).await;
-    common::set_px(&cluster, 2, &key, "someone", 60_000).await;
-    let x = Redlock::builder()
-        .nodes(cluster.urls())
-        .ttl(Duration::from_secs(20))
-        .node_timeout(Duration::from_millis(100))
-        .build()
-        .unwrap();
-    let _ = x.connect().await;
-    cluster
-        .node(2)
-        .proxy()
-        .unwrap()
-        .set_delay(Duration::from_millis(300), Duration::ZERO);
-    let token = Token::random().unwrap();
-    let attempt = x.try_acquire_with_token([resource], &token).await;
-    assert!(attempt.is_err(), "nodes 1 and 2 are held by another owner");
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let pttls = common::pttls(&cluster, &key).await;
-    assert_eq!(
-        pttls[0], -2,
-        "the failed re-claim's key on node 0 stays for its TTL: PTTL {pttls:?}"
-    );
+    slow_node_cleanup(
+        true,
+        2,
+        Duration::from_millis(300),
+        Duration::from_millis(100),
+    )
+    .await;
 }
