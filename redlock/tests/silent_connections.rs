@@ -20,6 +20,8 @@ struct Freezer {
     url: String,
     epoch: Arc<AtomicU64>,
     slow_next: Arc<std::sync::Mutex<Vec<Duration>>>,
+    /// Connections open, by the epoch they were accepted in.
+    open: Arc<std::sync::Mutex<std::collections::HashMap<u64, usize>>>,
 }
 
 impl Freezer {
@@ -30,12 +32,17 @@ impl Freezer {
         let frozen = Arc::clone(&epoch);
         let slow_next = Arc::new(std::sync::Mutex::new(Vec::new()));
         let slow = Arc::clone(&slow_next);
+        let open = Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
+        let counts = Arc::clone(&open);
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let born = frozen.load(Ordering::SeqCst);
                 let frozen = Arc::clone(&frozen);
                 let slow = slow.lock().unwrap().pop();
+                *counts.lock().unwrap().entry(born).or_insert(0) += 1;
+                let counts = Arc::clone(&counts);
                 tokio::spawn(async move {
+                    let _closed = Closed(counts, born);
                     if let Some(slow) = slow {
                         tokio::time::sleep(slow).await;
                     }
@@ -78,7 +85,13 @@ impl Freezer {
             url,
             epoch,
             slow_next,
+            open,
         }
+    }
+
+    /// Connections accepted before the first freeze that are still open.
+    fn open_from_before_the_freeze(&self) -> usize {
+        self.open.lock().unwrap().get(&0).copied().unwrap_or(0)
     }
 
     /// The next `count` connections accepted are forwarded only after `delay` each (busy
@@ -90,6 +103,20 @@ impl Freezer {
     /// Makes every connection accepted so far silent, for good.
     fn freeze(&self) {
         self.epoch.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Counts a forwarded connection closed when dropped.
+struct Closed(
+    Arc<std::sync::Mutex<std::collections::HashMap<u64, usize>>>,
+    u64,
+);
+
+impl Drop for Closed {
+    fn drop(&mut self) {
+        if let Some(n) = self.0.lock().unwrap().get_mut(&self.1) {
+            *n -= 1;
+        }
     }
 }
 
@@ -324,4 +351,77 @@ async fn guard_through_a_freeze(slow: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guard_keeps_its_lock_when_the_check_of_a_silent_connection_meets_a_slow_opening() {
     guard_through_a_freeze(2).await;
+}
+
+/// A release made on node 0's connection after it went silent, sent while a place was free:
+/// it is in flight there for good. Once the check has replaced the silent connection, the
+/// release must reach node 0 on the new one: the key it deletes is there for the lock's whole
+/// TTL otherwise (30 s here; seen before the fix), and with node 0 needed for a quorum nobody
+/// can take the lock meanwhile. And the silent connection is closed: a batch in flight on it
+/// waited for good, and kept it open with everything queued behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_sent_on_a_silent_connection_reaches_the_node_once_it_is_replaced() {
+    release_through_a_silent_connection(1).await;
+}
+
+/// The same with both of the silent connection's places held by batches that wait for good:
+/// the release waits in its outbox, unsent, and must go out on the new connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_waiting_on_a_silent_connection_reaches_the_node_once_it_is_replaced() {
+    release_through_a_silent_connection(2).await;
+}
+
+/// Node 0's connection goes silent, `rounds` rounds of releases take its places for good, then
+/// a lock every node holds is released; see the tests above.
+async fn release_through_a_silent_connection(rounds: usize) {
+    let (cluster, freezer, rl) =
+        behind_a_freezer(Duration::from_secs(30), Duration::from_millis(300)).await;
+    let lock = guarded_on_every_node(&rl).await.stop_renewal();
+    freezer.freeze();
+    // Per round, locks granted by nodes 1 and 2, released together: on node 0 the releases
+    // take the free places and the rest wait in the outbox. When those in the places are given
+    // up (a second after their callers stopped waiting), the rest are sent as one batch by a
+    // task of the connection, which waits for its answers for good, holding a place.
+    for round in 0..rounds {
+        let names: Vec<String> = (0..6).map(|i| format!("busy:{round}:{i}")).collect();
+        let busy = futures_util::future::join_all(names.iter().map(|n| rl.try_acquire(n))).await;
+        futures_util::future::join_all(
+            busy.into_iter()
+                .map(|l| rl.release(l.expect("nodes 1 and 2 grant"))),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(1_300)).await;
+    }
+    let report = rl.release(lock).await;
+    println!("release: {report:?}");
+    // Requests that let the client find node 0's connection silent, until the key is gone.
+    let started = Instant::now();
+    loop {
+        let left = cluster
+            .node(0)
+            .keys_with_pttl("redlock:lock:guarded")
+            .await
+            .unwrap();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the released key is still on node 0 {:?} after the release: {left:?}",
+            started.elapsed()
+        );
+        if let Ok(lock) = rl.try_acquire("probe").await {
+            rl.release(lock).await.ok();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let started = Instant::now();
+    while freezer.open_from_before_the_freeze() > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{} connection(s) from before the freeze still open 3 s after the key was released",
+            freezer.open_from_before_the_freeze()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

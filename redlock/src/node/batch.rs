@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use futures_util::FutureExt;
 use futures_util::future::{self, BoxFuture};
 use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 use super::{Live, REQUEST_QUEUE, RESCAN_AFTER, RedisNode, lock, quarantine_check};
 use crate::backend::{Batch, Fate, Op, Renewed, Reply};
@@ -66,7 +67,12 @@ impl Queued {
 
 /// One connection's outbox.
 #[derive(Default)]
-pub(super) struct Outbox(Mutex<State>);
+pub(super) struct Outbox {
+    state: Mutex<State>,
+    /// Cancelled when the connection was replaced as silent (see [`RedisNode::retire`]): its
+    /// calls in flight stop waiting, and nothing waits in it or is queued on it any more.
+    replaced: CancellationToken,
+}
 
 #[derive(Default)]
 struct State {
@@ -154,6 +160,22 @@ pub(super) fn withdrawn() -> NodeError {
     )
 }
 
+/// The answer of a call in flight on a connection replaced as silent.
+fn replaced() -> NodeError {
+    NodeError::new(
+        NodeErrorKind::Io,
+        "no answer: the connection went silent and was replaced (outcome unknown)",
+    )
+}
+
+/// A request not sent because its connection was replaced as silent.
+fn not_sent() -> NodeError {
+    NodeError::new(
+        NodeErrorKind::Io,
+        "not sent: the connection went silent and was replaced",
+    )
+}
+
 fn gone() -> NodeError {
     NodeError::new(
         NodeErrorKind::Io,
@@ -200,7 +222,12 @@ impl RedisNode {
         {
             return refused(e);
         }
-        let mut state = lock(&live.outbox.0);
+        let mut state = lock(&live.outbox.state);
+        if live.outbox.replaced.is_cancelled() {
+            // Taken from the node before it replaced this connection (see `RedisNode::retire`).
+            drop(state);
+            return self.instead_of(&live, op, fate);
+        }
         if state.queue.is_empty() && state.in_flight < MAX_IN_FLIGHT {
             if fate.as_ref().is_some_and(|f| !f.sending()) {
                 return future::ready(Err(withdrawn())).boxed();
@@ -212,10 +239,18 @@ impl RedisNode {
                 live: live.clone(),
             };
             let node = Arc::clone(self);
+            let replaced = live.outbox.replaced.clone();
             return async move {
-                let answer = node.request(live, &op).await;
+                let answer = tokio::select! {
+                    biased;
+                    answer = node.request(live, &op) => Some(answer),
+                    () = replaced.cancelled() => None,
+                };
                 drop(place);
-                answer
+                match answer {
+                    Some(answer) => answer,
+                    None => node.after_replacement(&[op]).await.remove(0),
+                }
             }
             .boxed();
         }
@@ -251,6 +286,73 @@ impl RedisNode {
             fate,
         });
         async move { rx.await.unwrap_or_else(|_| Err(gone())) }.boxed()
+    }
+
+    /// Called once the silent-connection check replaced `live` (see `RedisNode::check_
+    /// silence`). Its calls in flight stop waiting: behind a path that acknowledges what it
+    /// never forwards they waited for good, each holding its place, so that everything queued
+    /// behind them waited too — up to [`REQUEST_QUEUE`] requests with their keys and tokens —
+    /// and kept the dead TCP session open. Their releases, and those waiting in the outbox, go
+    /// to the node's next connection: left on the silent one they never reached the node, and
+    /// the key a release deletes stayed for its TTL after the release returned (test
+    /// `silent_connections::a_release_waiting_on_a_silent_connection_reaches_the_node_once_it_
+    /// is_replaced`). Anything else in flight answers that its outcome is unknown, and
+    /// anything else waiting fails unsent, as on a connection that broke.
+    ///
+    /// A release sent on the new connection may reach the node before a grant still on its
+    /// way through the old path, if that path ever delivers it; that grant then stays until
+    /// its TTL, as it would have anyway with the release stuck behind it. A release that did
+    /// reach the node through the old path and runs again deletes only keys still holding its
+    /// token (a lock taken with the caller's own token is released with a deadline on the
+    /// node's clock, which holds for the second run too).
+    pub(super) fn retire(self: &Arc<Self>, live: &Live) {
+        let waiting: Vec<Queued> = {
+            let mut state = lock(&live.outbox.state);
+            live.outbox.replaced.cancel();
+            state.queue.drain(..).collect()
+        };
+        for item in waiting {
+            if item.abandoned() {
+                continue;
+            }
+            let call = self.instead_of(live, item.op, item.fate);
+            let answer = item.answer;
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => drop(rt.spawn(async move { drop(answer.send(call.await)) })),
+                Err(_) => drop(answer.send(Err(not_sent()))),
+            }
+        }
+    }
+
+    /// What the requests of a call cut short by the replacement of its connection answer (see
+    /// [`RedisNode::retire`]).
+    async fn after_replacement(self: &Arc<Self>, ops: &[Arc<Op>]) -> Vec<Result<Reply, NodeError>> {
+        future::join_all(ops.iter().map(|op| {
+            if matches!(**op, Op::Release { .. }) {
+                self.run(Arc::clone(op), None)
+            } else {
+                future::ready(Err(replaced())).boxed()
+            }
+        }))
+        .await
+    }
+
+    /// What a request for the replaced connection `live` gets instead of being sent there: a
+    /// release is sent on the node's next connection, anything else fails unsent.
+    fn instead_of(
+        self: &Arc<Self>,
+        live: &Live,
+        op: Arc<Op>,
+        fate: Option<Fate>,
+    ) -> BoxFuture<'static, Result<Reply, NodeError>> {
+        debug_assert!(live.outbox.replaced.is_cancelled());
+        if matches!(*op, Op::Release { .. }) {
+            return self.run(op, fate);
+        }
+        if let Some(fate) = &fate {
+            fate.refused();
+        }
+        future::ready(Err(not_sent())).boxed()
     }
 
     /// Sends a batched renewal on `live` at once, without waiting in the outbox or taking an
@@ -294,7 +396,7 @@ impl RedisNode {
     fn flush(self: &Arc<Self>, live: &Live) {
         let mut sent = Vec::new();
         {
-            let mut state = lock(&live.outbox.0);
+            let mut state = lock(&live.outbox.state);
             state.in_flight -= 1;
             while state.in_flight < MAX_IN_FLIGHT && !state.queue.is_empty() {
                 let mut items = Vec::with_capacity(state.queue.len().min(MAX_BATCH));
@@ -348,14 +450,35 @@ impl RedisNode {
 
     fn send_ops(self: &Arc<Self>, live: &Live, mut ops: Vec<Queued>) -> BoxFuture<'static, ()> {
         let (node, live) = (Arc::clone(self), live.clone());
+        let replaced = live.outbox.replaced.clone();
         if ops.len() == 1
             && let Some(Queued { op, answer, .. }) = ops.pop()
         {
-            let call = engine::handed_over(async move { node.request(live, &op).await }.boxed());
+            let call = engine::handed_over(
+                async move {
+                    tokio::select! {
+                        biased;
+                        answer = node.request(live, &op) => return answer,
+                        () = replaced.cancelled() => {}
+                    }
+                    node.after_replacement(&[op]).await.remove(0)
+                }
+                .boxed(),
+            );
             return async move { drop(answer.send(call.await)) }.boxed();
         }
         let (ops, txs): (Vec<_>, Vec<_>) = ops.into_iter().map(|q| (q.op, q.answer)).unzip();
-        let call = engine::handed_over(async move { node.batch(live, &ops).await }.boxed());
+        let call = engine::handed_over(
+            async move {
+                tokio::select! {
+                    biased;
+                    answers = node.batch(live, &ops) => return answers,
+                    () = replaced.cancelled() => {}
+                }
+                node.after_replacement(&ops).await
+            }
+            .boxed(),
+        );
         async move {
             for (tx, answer) in txs.into_iter().zip(call.await) {
                 let _ = tx.send(answer);

@@ -819,6 +819,7 @@ impl RedisNode {
                     Err(_) => {
                         tracing::debug!(node = %node.name, ?patience, "no answer on the connection while the server answers a new one; replacing it");
                         node.invalidate(live.generation);
+                        node.retire(&live);
                         None
                     }
                 },
