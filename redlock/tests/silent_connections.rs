@@ -22,6 +22,10 @@ struct Freezer {
     slow_next: Arc<std::sync::Mutex<Vec<Duration>>>,
     /// Connections open, by the epoch they were accepted in.
     open: Arc<std::sync::Mutex<std::collections::HashMap<u64, usize>>>,
+    /// Connections accepted so far.
+    accepted: Arc<AtomicU64>,
+    /// New connections are closed as soon as they are accepted.
+    refuse: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Freezer {
@@ -34,8 +38,16 @@ impl Freezer {
         let slow = Arc::clone(&slow_next);
         let open = Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
         let counts = Arc::clone(&open);
+        let accepted = Arc::new(AtomicU64::new(0));
+        let refuse = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (accepts, refusing) = (Arc::clone(&accepted), Arc::clone(&refuse));
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                accepts.fetch_add(1, Ordering::SeqCst);
+                if refusing.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
                 let born = frozen.load(Ordering::SeqCst);
                 let frozen = Arc::clone(&frozen);
                 let slow = slow.lock().unwrap().pop();
@@ -86,7 +98,20 @@ impl Freezer {
             epoch,
             slow_next,
             open,
+            accepted,
+            refuse,
         }
+    }
+
+    /// From now on, closes every new connection as soon as it is accepted (a proxy whose
+    /// backend went away, a host that rebooted: new connections fail at once while the old
+    /// ones stay silent).
+    fn refuse_new_connections(&self) {
+        self.refuse.store(true, Ordering::SeqCst);
+    }
+
+    fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::SeqCst)
     }
 
     /// Connections accepted before the first freeze that are still open.
@@ -424,4 +449,35 @@ async fn release_through_a_silent_connection(rounds: usize) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The check of a silent connection asks the server on a new connection while the old one's
+/// `PING` waits, and asks again after a try that failed. When new connections fail at once (a
+/// proxy whose backend went away, a host that rebooted while the old connection stays silent),
+/// a try that failed must not be repeated at once: back to back, the check opened connections as
+/// fast as they were refused, for as long as the old `PING` waited (for good here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_whose_new_connections_fail_at_once_does_not_open_them_back_to_back() {
+    let (_cluster, freezer, rl) =
+        behind_a_freezer(Duration::from_secs(2), Duration::from_millis(300)).await;
+    let lock = rl
+        .try_acquire("warm")
+        .await
+        .expect("a healthy cluster grants");
+    rl.release(lock).await.unwrap();
+    freezer.freeze();
+    freezer.refuse_new_connections();
+    // A request on the silent connection, and one after the connect timeout, which checks it.
+    rl.try_acquire("a").await.ok();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    rl.try_acquire("b").await.ok();
+    let before = freezer.accepted();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let tries = freezer.accepted() - before;
+    // One try per connect timeout is about 7 in 2 s.
+    assert!(
+        tries <= 10,
+        "{tries} new connections in 2 s while checking one silent connection (300 ms connect \
+         timeout)"
+    );
 }
