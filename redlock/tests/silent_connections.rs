@@ -26,6 +26,33 @@ struct Freezer {
     accepted: Arc<AtomicU64>,
     /// New connections are closed as soon as they are accepted.
     refuse: Arc<std::sync::atomic::AtomicBool>,
+    trap: Arc<Trap>,
+}
+
+/// A connection made silent by what it carries (see [`Freezer::trap`]), and a delay on answers.
+#[derive(Default)]
+struct Trap {
+    /// The bytes that spring it, while armed.
+    armed: std::sync::Mutex<Option<Vec<u8>>>,
+    sprung: std::sync::atomic::AtomicBool,
+    /// Every answer reaches the client this much later, in ms.
+    answer_delay_ms: AtomicU64,
+}
+
+impl Trap {
+    /// Whether `chunk`, sent by the client, springs the trap: once, on the first chunk that
+    /// holds the armed bytes.
+    fn springs(&self, chunk: &[u8]) -> bool {
+        let mut armed = self.armed.lock().unwrap();
+        let hit = armed
+            .as_ref()
+            .is_some_and(|p| chunk.windows(p.len()).any(|w| w == &p[..]));
+        if hit {
+            *armed = None;
+            self.sprung.store(true, Ordering::SeqCst);
+        }
+        hit
+    }
 }
 
 impl Freezer {
@@ -41,6 +68,8 @@ impl Freezer {
         let accepted = Arc::new(AtomicU64::new(0));
         let refuse = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (accepts, refusing) = (Arc::clone(&accepted), Arc::clone(&refuse));
+        let trap = Arc::new(Trap::default());
+        let traps = Arc::clone(&trap);
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 accepts.fetch_add(1, Ordering::SeqCst);
@@ -53,6 +82,7 @@ impl Freezer {
                 let slow = slow.lock().unwrap().pop();
                 *counts.lock().unwrap().entry(born).or_insert(0) += 1;
                 let counts = Arc::clone(&counts);
+                let trap = Arc::clone(&traps);
                 tokio::spawn(async move {
                     let _closed = Closed(counts, born);
                     if let Some(slow) = slow {
@@ -65,18 +95,23 @@ impl Freezer {
                     let (mut urd, mut uwr) = upstream.into_split();
                     let alive = move || frozen.load(Ordering::SeqCst) == born;
                     let alive2 = alive.clone();
+                    let delays = Arc::clone(&trap);
                     let up = async move {
                         let mut buf = vec![0u8; 16 * 1024];
+                        let mut trapped = false;
                         loop {
                             let n = crd.read(&mut buf).await?;
                             if n == 0 {
                                 return Ok::<(), std::io::Error>(());
                             }
-                            if alive() {
+                            trapped = trapped || trap.springs(&buf[..n]);
+                            if alive() && !trapped {
                                 uwr.write_all(&buf[..n]).await?;
                             }
                         }
                     };
+                    // Answers go through a queue, each written once its delay is over.
+                    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
                     let down = async move {
                         let mut buf = vec![0u8; 16 * 1024];
                         loop {
@@ -85,11 +120,20 @@ impl Freezer {
                                 return Ok::<(), std::io::Error>(());
                             }
                             if alive2() {
-                                cwr.write_all(&buf[..n]).await?;
+                                let delay = delays.answer_delay_ms.load(Ordering::SeqCst);
+                                let at = Instant::now() + Duration::from_millis(delay);
+                                let _ = tx.send((at, buf[..n].to_vec()));
                             }
                         }
                     };
-                    let _ = tokio::join!(up, down);
+                    let write = async move {
+                        while let Some((at, bytes)) = rx.recv().await {
+                            tokio::time::sleep_until(at).await;
+                            cwr.write_all(&bytes).await?;
+                        }
+                        Ok::<(), std::io::Error>(())
+                    };
+                    let _ = tokio::join!(up, down, write);
                 });
             }
         });
@@ -100,7 +144,25 @@ impl Freezer {
             open,
             accepted,
             refuse,
+            trap,
         }
+    }
+
+    /// Arms a trap: the first chunk a client sends that holds `bytes` is dropped, and so is
+    /// everything its connection sends after it, while the answers to what it sent before
+    /// still come back. Connections opened later are not trapped.
+    fn trap(&self, bytes: &[u8]) {
+        *self.trap.armed.lock().unwrap() = Some(bytes.to_vec());
+    }
+
+    fn sprung(&self) -> bool {
+        self.trap.sprung.load(Ordering::SeqCst)
+    }
+
+    /// Answers reach the client `delay` later from now on.
+    fn delay_answers(&self, delay: Duration) {
+        let ms = u64::try_from(delay.as_millis()).unwrap();
+        self.trap.answer_delay_ms.store(ms, Ordering::SeqCst);
     }
 
     /// From now on, closes every new connection as soon as it is accepted (a proxy whose
@@ -480,4 +542,50 @@ async fn a_check_whose_new_connections_fail_at_once_does_not_open_them_back_to_b
         "{tries} new connections in 2 s while checking one silent connection (300 ms connect \
          timeout)"
     );
+}
+
+/// A renewal call waiting past its budget on a connection that goes silent right after it was
+/// sent, while answers to requests sent before it still come back. The last answer said the
+/// connection was alive, but not that the renewal would be answered: the connection must be
+/// checked once nothing came back for the connect timeout while the renewal waits. The check
+/// timed the wait from the first request sent since the last answer, and an answer cleared it
+/// whatever was still waiting: the renewal then waited unchecked until the lock's validity
+/// ran out (found in review). Node 2 is paused, so the guard needs node 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_sent_just_before_its_connection_goes_silent_gets_the_connection_checked() {
+    let (cluster, freezer, rl) =
+        behind_a_freezer(Duration::from_secs(10), Duration::from_secs(1)).await;
+    // Held by another client on every node: this client's attempts at it are refused
+    // everywhere, so that none leaves a cleanup to send after its answer.
+    let other = Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let held = other.try_acquire("held").await.expect("a free key");
+    let guard = guarded_on_every_node(&rl).await;
+    freezer.delay_answers(Duration::from_millis(150));
+    cluster.node(2).pause();
+    freezer.trap(b"redlock:lock:guarded");
+    // Requests on node 0's connection, each answered 150 ms later, until the guard's first
+    // renewal is sent (and dropped by the trap): some of them are answered after it.
+    let started = Instant::now();
+    while !freezer.sprung() {
+        assert!(
+            started.elapsed() < Duration::from_secs(6),
+            "no renewal sent within 6 s"
+        );
+        assert!(rl.try_acquire("held").await.is_err());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The renewal waits; nothing else is sent on node 0's connection.
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    let lost = guard.reason();
+    cluster.node(2).resume();
+    assert!(
+        lost.is_none(),
+        "the guarded lock was lost although node 0's server and node 1 answered: {lost:?}"
+    );
+    guard.release().await.ok();
+    other.release(held).await.ok();
 }

@@ -112,30 +112,80 @@ impl RuntimeWatch {
 /// vote for as long as the TCP session lived (up to the kernel's retransmission limit, about
 /// 15 minutes; for good behind a proxy that acknowledges what it does not forward). Test
 /// `silent_connections::a_silent_connection_to_a_healthy_node_is_replaced`.
+///
+/// A request waits from when it is sent until its answer, and nothing coming back on the
+/// connection for longer than the connect timeout while one waits is what starts a check. An
+/// answer says the connection was alive then, not that the requests sent after it will be
+/// answered: the wait goes on from that answer while any is still waiting. (An answer used to
+/// end the wait whatever was still waiting, and a renewal sent just before the connection went
+/// silent waited unchecked until its lock's validity ran out: test `silent_connections::a_
+/// renewal_sent_just_before_its_connection_goes_silent_gets_the_connection_checked`.) A request
+/// given up unanswered leaves the wait as it is: its answer may never come.
 #[derive(Default)]
 struct Heard {
-    /// When the first request sent since the last answer was sent, as microseconds since the
-    /// node's `born` plus one; 0 when every request sent so far was answered.
-    waiting_since: AtomicU64,
+    waits: Mutex<Waits>,
     /// A `PING` is checking the connection.
     probing: AtomicBool,
 }
 
+#[derive(Default)]
+struct Waits {
+    /// Requests sent and neither answered nor given up.
+    pending: usize,
+    /// Since when nothing came back while a request waited, as microseconds since the node's
+    /// `born` plus one; 0 when no request waits unanswered.
+    since: u64,
+}
+
+impl Waits {
+    fn heard(&mut self, now: u64) {
+        self.since = if self.pending > 0 { now } else { 0 };
+    }
+}
+
 impl Heard {
-    fn sending(&self, now: u64) {
-        let _ = self
-            .waiting_since
-            .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire);
+    /// A request is sent at `now`; the [`Sent`] returned marks it answered or given up.
+    fn sending(self: &Arc<Self>, now: u64) -> Sent {
+        let mut w = lock(&self.waits);
+        w.pending += 1;
+        if w.since == 0 {
+            w.since = now;
+        }
+        Sent(Some(Arc::clone(self)))
     }
 
-    fn answered(&self) {
-        self.waiting_since.store(0, Ordering::Release);
+    /// Something came back at `now`: the check's `PING` was answered.
+    fn heard(&self, now: u64) {
+        lock(&self.waits).heard(now);
     }
 
     /// Whether a request has waited for an answer since more than `patience` before `now`.
     fn silent_for(&self, now: u64, patience: Duration) -> bool {
-        let since = self.waiting_since.load(Ordering::Acquire);
+        let since = lock(&self.waits).since;
         since != 0 && u128::from(now.saturating_sub(since)) > patience.as_micros()
+    }
+}
+
+/// A request sent on a connection and not yet answered (see [`Heard`]); dropped unanswered, it
+/// was given up.
+struct Sent(Option<Arc<Heard>>);
+
+impl Sent {
+    fn answered(mut self, now: u64) {
+        if let Some(heard) = self.0.take() {
+            let mut w = lock(&heard.waits);
+            w.pending = w.pending.saturating_sub(1);
+            w.heard(now);
+        }
+    }
+}
+
+impl Drop for Sent {
+    fn drop(&mut self) {
+        if let Some(heard) = self.0.take() {
+            let mut w = lock(&heard.waits);
+            w.pending = w.pending.saturating_sub(1);
+        }
     }
 }
 
@@ -481,15 +531,15 @@ impl RedisNode {
             if !watch {
                 return request(live);
             }
-            let heard = Arc::clone(&live.heard);
             let sent = node.micros();
-            heard.sending(sent);
+            let waiting = live.heard.sending(sent);
             let call = request(live);
             async move {
                 let answer = call.await;
                 if from_server(&answer) {
-                    heard.answered();
-                    node.distance.note(node.micros().saturating_sub(sent));
+                    let now = node.micros();
+                    waiting.answered(now);
+                    node.distance.note(now.saturating_sub(sent));
                 }
                 answer
             }
@@ -836,8 +886,8 @@ impl RedisNode {
                 },
             };
             match answer {
-                Some(Ok(_)) => live.heard.answered(),
-                Some(Err(e)) if e.code().is_some() => live.heard.answered(),
+                Some(Ok(_)) => live.heard.heard(node.micros()),
+                Some(Err(e)) if e.code().is_some() => live.heard.heard(node.micros()),
                 Some(Err(e)) => drop(node.failed(&live, &e, "")),
                 None => {}
             }
