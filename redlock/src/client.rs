@@ -415,7 +415,10 @@ impl Redlock {
     /// Every such task is bounded by its requests' node budgets plus a one-second grace for a
     /// node that does not answer, so this returns within about the node timeout plus one
     /// second (longer only while a node's connection is still being opened) unless new
-    /// background work keeps starting; wrap it in a timeout for a hard bound. Renewals of
+    /// background work keeps starting, or a task waits on a runtime that is kept but no longer
+    /// driven (a current-thread runtime between `block_on` calls: its tasks run only when it
+    /// runs again); call it on the runtime that did the work, and wrap it in a timeout for a
+    /// hard bound. Renewals of
     /// guards still alive are not background work here: release or drop those guards first.
     /// Clones of a client share its background work.
     ///
