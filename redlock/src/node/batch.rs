@@ -311,16 +311,28 @@ impl RedisNode {
             live.outbox.replaced.cancel();
             state.queue.drain(..).collect()
         };
+        // The releases are handed to the next connection here, in the order they waited.
+        let mut resent = Vec::new();
         for item in waiting {
             if item.abandoned() {
                 continue;
             }
-            let call = self.instead_of(live, item.op, item.fate);
-            let answer = item.answer;
-            match tokio::runtime::Handle::try_current() {
-                Ok(rt) => drop(rt.spawn(async move { drop(answer.send(call.await)) })),
-                Err(_) => drop(answer.send(Err(not_sent()))),
+            if matches!(*item.op, Op::Release { .. }) {
+                resent.push((self.run(item.op, item.fate), item.answer));
+            } else {
+                item.fail(not_sent());
             }
+        }
+        if resent.is_empty() {
+            return;
+        }
+        let answered = future::join_all(
+            resent
+                .into_iter()
+                .map(|(call, answer)| async move { drop(answer.send(call.await)) }),
+        );
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            drop(rt.spawn(answered));
         }
     }
 
