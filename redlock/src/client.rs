@@ -55,10 +55,11 @@ impl Drop for Unstarted {
             Ok(rt) => {
                 let core = Arc::clone(&self.core);
                 let task = core.backend.background().map(Background::task);
-                drop(rt.spawn(async move {
+                let release = async move {
                     let _task = task;
-                    core.release(lock).await
-                }));
+                    drop(core.release(lock).await);
+                };
+                crate::engine::start_then_spawn(&rt, Box::pin(release));
             }
             Err(_) => tracing::warn!(
                 resources = ?lock.resources(),
@@ -255,7 +256,9 @@ impl Redlock {
     /// clock that ends before then, after which it deletes nothing (docs/protocol.md). Another
     /// process is not waited for.
     ///
-    /// The release of a lock taken with this method is waited for the same way: its deletes
+    /// The release of a lock taken with this method is waited for the same way — also one
+    /// started in the background by a dropped guard or a dropped `release` future, from the
+    /// moment of the drop — its deletes
     /// carry deadlines on the nodes' clocks, and a call after a release whose deletes did not
     /// all answer waits until they did or those deadlines have surely passed — about twice the
     /// node timeout plus one second, plus `2 · drift_factor` of the time the lock was held (up

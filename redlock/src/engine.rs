@@ -1296,6 +1296,21 @@ pub(crate) fn handed_over<T: Send + 'static>(call: BoxFuture<'static, T>) -> Han
     }
 }
 
+/// Starts `work` here, in the caller's task, and drives the rest of it in a task of `rt`:
+/// what its first poll does — requests handed to the connections, a release registered for
+/// the re-claims with its token (see `reclaim`) — is done when this returns, in the caller's
+/// order. Started in the spawned task alone, the release of a dropped guard was registered
+/// only once that task first ran, after a re-claim with the token made right after the drop:
+/// the re-claim did not wait for it, its deletes landed after the re-claim's re-arms, and the
+/// re-claimed lock was on no node (tests `reclaim_attacks::a_reclaim_right_after_dropping_
+/// the_guard_keeps_its_lock`, `…_an_unpolled_release_keeps_its_lock`).
+pub(crate) fn start_then_spawn(rt: &tokio::runtime::Handle, work: BoxFuture<'static, ()>) {
+    let started = handed_over(work);
+    if matches!(started, Handed::Waiting(_)) {
+        drop(rt.spawn(started));
+    }
+}
+
 /// FNV-1a of `parts`, continued from `h`.
 fn fnv_from(mut h: u64, parts: &[&[u8]]) -> u64 {
     for part in parts {

@@ -306,12 +306,13 @@ impl Drop for LockGuard {
             Ok(rt) => {
                 let core = Arc::clone(&self.core);
                 let task = core.background();
-                rt.spawn(async move {
+                let release = async move {
                     let _task = task;
                     if let Err(e) = core.release_held(held).await {
                         tracing::warn!(error = %e, "background release of a dropped guard failed");
                     }
-                });
+                };
+                crate::engine::start_then_spawn(&rt, Box::pin(release));
             }
             Err(_) => tracing::warn!(
                 "LockGuard dropped outside a tokio runtime; the lock expires with its TTL"

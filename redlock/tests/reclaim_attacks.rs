@@ -866,3 +866,76 @@ async fn a_failed_reclaim_decided_by_a_timeout_cleans_up_the_node_that_granted()
     )
     .await;
 }
+
+/// What is dropped to let a lock taken with a token go before it is taken again with the token.
+#[derive(Clone, Copy, Debug)]
+enum LetGo {
+    /// Its guard dropped without `release`.
+    Guard,
+    /// A `release` future dropped before its first poll.
+    UnpolledRelease,
+    /// The guard of a lock taken with a fresh token dropped, the token read before.
+    GuardOfReadToken,
+}
+
+/// A lock taken with a token is let go in the background (`how`), and taken again with the
+/// token at once. The background release must count as the earlier attempt with the token
+/// that it is: the re-claim waits for its deletes. Registered only once its task first ran,
+/// it was not waited for; on a current-thread runtime its deletes went out after the
+/// re-claim's re-arms, and the re-claimed lock, reported held for its TTL, was on no node: a
+/// rival took it (found in review).
+async fn reclaim_right_after_letting_go(how: LetGo) {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = client(cluster.urls(), Duration::from_millis(200));
+    let rival = client(cluster.urls(), Duration::from_millis(200));
+    let _ = rl.connect().await;
+    let resource = format!("let-go-{how:?}");
+    let (first, token) = if matches!(how, LetGo::GuardOfReadToken) {
+        let lock = rl.try_acquire(&resource).await.expect("a free key");
+        let token = lock.token().clone();
+        (lock, token)
+    } else {
+        let token = Token::random().unwrap();
+        let lock = rl
+            .try_acquire_with_token([resource.as_str()], &token)
+            .await
+            .expect("a free key");
+        (lock, token)
+    };
+    match how {
+        LetGo::Guard | LetGo::GuardOfReadToken => drop(rl.guard(first).unwrap()),
+        LetGo::UnpolledRelease => drop(rl.release(first)),
+    }
+    let again = rl
+        .try_acquire_with_token([resource.as_str()], &token)
+        .await
+        .expect("taken again with its token");
+    rl.settle().await;
+    let key = format!("redlock:lock:{resource}");
+    let mut held_by = Vec::new();
+    for i in 0..3 {
+        let keys = cluster.node(i).keys_with_pttl(&key).await.unwrap();
+        held_by.push(!keys.is_empty());
+    }
+    let stolen = rival.try_acquire(&resource).await;
+    assert!(
+        stolen.is_err(),
+        "{how:?}: a rival took the lock re-claimed with its token (key on nodes: {held_by:?})"
+    );
+    rl.release(again).await.ok();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_reclaim_right_after_dropping_the_guard_keeps_its_lock() {
+    reclaim_right_after_letting_go(LetGo::Guard).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_reclaim_right_after_dropping_an_unpolled_release_keeps_its_lock() {
+    reclaim_right_after_letting_go(LetGo::UnpolledRelease).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_reclaim_with_a_read_token_right_after_dropping_the_guard_keeps_its_lock() {
+    reclaim_right_after_letting_go(LetGo::GuardOfReadToken).await;
+}
