@@ -347,9 +347,19 @@ impl Redlock {
     ///
     /// # Errors
     /// [`Error::ForeignLock`] for a lock taken by a client of other nodes (see
-    /// [`Redlock::owns`]); the lock is not renewed and expires with its TTL.
+    /// [`Redlock::owns`]), [`Error::NoRuntime`] outside a tokio runtime; the lock is then not
+    /// renewed and expires with its TTL.
     pub fn guard(&self, lock: Lock) -> Result<LockGuard, Error> {
         self.core.owns(&lock)?;
+        // Checked before the lock is registered for renewal: spawning the driver outside a
+        // runtime panicked with the lock registered, and the next guard's driver renewed it
+        // with nobody to release it (test `lifecycle::a_guard_made_outside_a_runtime_is_an_
+        // error_and_leaves_nothing_renewed`).
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::NoRuntime {
+                resources: Arc::clone(&lock.resources),
+            });
+        }
         Ok(self.core.guard(lock))
     }
 

@@ -437,6 +437,16 @@ pub enum Error {
     /// The operating system's random source failed while generating a token.
     #[error("could not generate a lock token: {0}")]
     Entropy(EntropyError),
+    /// [`Redlock::guard`](crate::Redlock::guard) was called where no tokio runtime is current:
+    /// the renewal runs as a task of one. The lock is not renewed and expires with its TTL.
+    #[error(
+        "lock {} cannot be guarded outside a tokio runtime (its renewal is a task); it is not renewed and expires with its TTL",
+        Names(resources)
+    )]
+    NoRuntime {
+        /// The resources of the lock.
+        resources: Arc<[String]>,
+    },
 }
 
 impl Error {

@@ -392,3 +392,42 @@ fn a_script_reload_cut_short_by_its_runtime_does_not_stop_later_reloads() {
     drop(cluster);
     drop(crt);
 }
+
+/// `guard` is a plain function, so it can be called where no runtime is current (a sync
+/// program between `block_on` calls). Its renewal driver is a task, and spawning it there
+/// panicked — after the lock had been registered for renewal: the next guard made anywhere in
+/// the client started a driver that renewed the orphaned lock, which nobody could release,
+/// for up to its max hold (found in review). It answers an error instead, and the lock
+/// expires with its TTL.
+#[test]
+fn a_guard_made_outside_a_runtime_is_an_error_and_leaves_nothing_renewed() {
+    let crt = cluster_runtime();
+    let cluster = crt.block_on(Cluster::start(3)).unwrap();
+    let rl = builder(cluster.urls(), Duration::from_millis(1_500))
+        .build()
+        .unwrap();
+    let rt = runtime();
+    let lock = rt.block_on(rl.acquire("orphan")).unwrap();
+    let guarded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rl.guard(lock)));
+    let Ok(guarded) = guarded else {
+        panic!("guard outside a runtime panicked");
+    };
+    let err = guarded.expect_err("no runtime to renew it on");
+    println!("{err}");
+    let left = rt.block_on(async {
+        let other = rl.lock("other").guard().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        other.release().await.unwrap();
+        cluster
+            .node(0)
+            .keys_with_pttl("redlock:lock:orphan")
+            .await
+            .unwrap()
+    });
+    assert!(
+        left.is_empty(),
+        "the lock whose guard failed is still renewed: {left:?}"
+    );
+    drop(cluster);
+    drop(crt);
+}
