@@ -1384,11 +1384,18 @@ impl<B: Backend> Core<B> {
                 }
             }
             let d = phase.decided().await;
+            let nodes = d.reports(&*self.backend);
             if let Some(w) = &self.waiters {
                 w.release_heard(&channels, &d.heard);
+                let deleted_nothing: Vec<bool> = nodes
+                    .iter()
+                    .map(|n| matches!(n.outcome, NodeOutcome::Refused))
+                    .collect();
+                for c in channels.iter() {
+                    w.published_nothing(c, wake, &deleted_nothing);
+                }
             }
             telemetry::release_done(d.success);
-            let nodes = d.reports(&*self.backend);
             if d.success {
                 tracing::debug!(confirmed = d.positive, "released");
                 Ok(ReleaseReport { nodes })

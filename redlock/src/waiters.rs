@@ -117,6 +117,13 @@ struct Channel {
 }
 
 impl Channel {
+    /// Records release `wake` as published by each node marked in `nodes`.
+    fn published_by(&mut self, wake: Wake, nodes: &[bool]) {
+        for (i, _) in nodes.iter().enumerate().filter(|(_, s)| **s) {
+            self.first(Some(wake), Some(i));
+        }
+    }
+
     /// Whether another client released the lock within [`CONTENDED_FOR`].
     fn contended(&self, now: tokio::time::Instant) -> bool {
         self.others_released
@@ -623,9 +630,7 @@ impl Waiters {
     pub(crate) fn notify_local(&self, channel: &str, wake: Wake, spared: &[bool]) {
         if let Some(c) = lock(&self.shared.state).channels.get_mut(channel) {
             c.first(Some(wake), None);
-            for (i, _) in spared.iter().enumerate().filter(|(_, s)| **s) {
-                c.first(Some(wake), Some(i));
-            }
+            c.published_by(wake, spared);
             c.held_until = None;
             c.released_here = true;
             if c.waiters > 0 {
@@ -637,6 +642,18 @@ impl Waiters {
                 }
             }
             c.notify.notify_waiters();
+            c.heard.notify_waiters();
+        }
+    }
+
+    /// Nodes in `none` answered this client's release `wake` on `channel` that they deleted
+    /// nothing (the key was gone: a restart without its data, an eviction; or someone else's):
+    /// they publish nothing of it, and count as having published it. A local waiter waiting
+    /// for such a first node's message waited out its node timeout (test `waiting::a_local_
+    /// waiter_does_not_wait_for_a_first_node_that_lost_the_holders_key`).
+    pub(crate) fn published_nothing(&self, channel: &str, wake: Wake, none: &[bool]) {
+        if let Some(c) = lock(&self.shared.state).channels.get_mut(channel) {
+            c.published_by(wake, none);
             c.heard.notify_waiters();
         }
     }
