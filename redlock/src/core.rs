@@ -1394,6 +1394,9 @@ impl<B: Backend> Core<B> {
                 for c in channels.iter() {
                     w.published_nothing(c, wake, &deleted_nothing);
                 }
+                if channels.iter().any(|c| w.listens_on(c)) {
+                    published_nothing_later(w, &channels, wake, &nodes, phase.unanswered());
+                }
             }
             telemetry::release_done(d.success);
             if d.success {
@@ -1542,6 +1545,45 @@ impl<B: Backend> Core<B> {
         telemetry::lease_started();
         LockGuard::new(held, Arc::clone(self) as Arc<dyn Releaser>)
     }
+}
+
+/// The nodes of a release still to answer when it was decided, followed in the background:
+/// each that answers having deleted nothing counts, for this client's waiters, as having
+/// published the release (see [`Waiters::published_nothing`]). Under load the first node's
+/// answer often comes after the quorum's, and a local waiter waited out the node timeout for
+/// it (test `waiting::a_local_waiter_does_not_wait_for_a_first_node_that_lost_the_holders_key`
+/// in a CI-like run). Only where this client listens on one of the lock's channels.
+fn published_nothing_later(
+    w: &Arc<Waiters>,
+    channels: &Arc<[String]>,
+    wake: Wake,
+    nodes: &[crate::error::NodeReport],
+    later: Option<engine::Unanswered>,
+) {
+    let pending: Vec<usize> = (0..nodes.len())
+        .filter(|&i| matches!(nodes[i].outcome, NodeOutcome::Pending))
+        .collect();
+    let (Some(later), Ok(rt), false) = (
+        later,
+        tokio::runtime::Handle::try_current(),
+        pending.is_empty(),
+    ) else {
+        return;
+    };
+    let (w, channels, n) = (Arc::clone(w), Arc::clone(channels), nodes.len());
+    drop(rt.spawn(async move {
+        let until = later.settles_by();
+        for i in pending {
+            later.answered(i, until).await;
+            if later.refused(i) {
+                let mut nothing = vec![false; n];
+                nothing[i] = true;
+                for c in channels.iter() {
+                    w.published_nothing(c, wake, &nothing);
+                }
+            }
+        }
+    }));
 }
 
 /// Starts a release phase: the owner-checked delete on every node but those spared (see

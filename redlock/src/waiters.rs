@@ -658,6 +658,12 @@ impl Waiters {
         }
     }
 
+    /// Whether this client listens on `channel`: a task of it waits for a release there, or
+    /// did lately (see [`IDLE`]).
+    pub(crate) fn listens_on(&self, channel: &str) -> bool {
+        lock(&self.shared.state).channels.contains_key(channel)
+    }
+
     /// What the nodes told of this client's release on `channels`: per node, how many
     /// subscribers received its wake-ups there. A node that counted more than this client's own
     /// confirmed subscriptions on it had another client listening. With no node telling (the

@@ -753,7 +753,7 @@ async fn local_waiter_after_a_release_the_first_node_cannot_publish(fault: First
             .unwrap();
         let waited = released.elapsed();
         println!(
-            "cycle {cycle}{}: release per node {:?}; the waiter got the lock {waited:?} after it",
+            "cycle {cycle}{} (first node {first}): release per node {:?}; the waiter got the lock {waited:?} after it",
             if cycle == 4 {
                 format!(" ({fault:?})")
             } else {
