@@ -157,3 +157,47 @@ async fn a_first_node_holding_a_stale_key_is_passed_over() {
         Some("a stale token")
     );
 }
+
+/// A lock the first node refused (a racer held it for a moment), released only after it
+/// expired, while another client holds the resource on every node: the key the release-time
+/// check finds on the first node is the new holder's, and stays, but says nothing of a stale
+/// key. Passing the node over for it made this client race through another node than every
+/// other client for a second (found in review). The check is made only for a lock released
+/// while still valid: no other holder's key can be there then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_release_does_not_pass_over_a_first_node_held_by_the_next_holder() {
+    let cluster = Cluster::start(3).await.expect("cluster");
+    let a = Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_millis(500))
+        .node_timeout(Duration::from_millis(200))
+        .retry(RetryPolicy::once())
+        .build()
+        .expect("valid config");
+    let b = client(&cluster);
+    a.connect().await;
+    let first = a.first_node(RESOURCE).expect("racing through a first node");
+    common::set(&cluster, first, KEY, "a racer's token").await;
+    let lock = a
+        .try_acquire(RESOURCE)
+        .await
+        .expect("the two other nodes grant");
+    let mut c = cluster.node(first).connection().await.unwrap();
+    let _: i64 = redlock_testkit::redis::cmd("DEL")
+        .arg(KEY)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    // The acquire-time check's second read (two node timeouts later) finds the key gone.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(!lock.is_valid(), "expired");
+    let next = b.acquire(RESOURCE).await.expect("the next holder");
+    a.release(lock).await.ok();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        a.first_node(RESOURCE),
+        Some(first),
+        "the first node was passed over for the next holder's key"
+    );
+    b.release(next).await.ok();
+}
