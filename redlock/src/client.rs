@@ -444,10 +444,11 @@ impl Redlock {
     }
 
     /// Opens the connection to every node now instead of on first use, waiting up to the
-    /// connect timeout. Returns each node's result (`Granted` = connected). Requests never wait
-    /// for a connection longer than their node timeout (the opening goes on in the
-    /// background), so a process that must succeed on its very first request to distant nodes
-    /// should call this first. A node that turns out to be the same server as another one
+    /// connect timeout. Returns each node's result (`Granted` = connected). A request waits
+    /// for a connection being opened only within its budget — its node timeout plus up to
+    /// four more, never more than the connect timeout (the opening goes on in the background)
+    /// — so a process that must succeed on its very first request to distant nodes should
+    /// call this first. A node that turns out to be the same server as another one
     /// reports [`NodeErrorKind::Identity`](crate::NodeErrorKind::Identity), and the client then
     /// refuses every operation with [`Error::Config`].
     ///

@@ -486,7 +486,8 @@ impl Error {
             | Self::ValidityExhausted { resources, .. }
             | Self::NotHeld { resources, .. }
             | Self::LeaseLost { resources, .. }
-            | Self::ForeignLock { resources, .. } => resources,
+            | Self::ForeignLock { resources, .. }
+            | Self::NoRuntime { resources } => resources,
             Self::WaitTimedOut { resource, .. } => std::slice::from_ref(resource),
             _ => &[],
         }

@@ -413,7 +413,8 @@ fn a_guard_made_outside_a_runtime_is_an_error_and_leaves_nothing_renewed() {
         panic!("guard outside a runtime panicked");
     };
     let err = guarded.expect_err("no runtime to renew it on");
-    println!("{err}");
+    assert!(matches!(err, redlock::Error::NoRuntime { .. }), "{err:?}");
+    assert_eq!(err.resources(), ["orphan"]);
     let left = rt.block_on(async {
         let other = rl.lock("other").guard().await.unwrap();
         tokio::time::sleep(Duration::from_millis(2_500)).await;
