@@ -1393,14 +1393,21 @@ impl<B: Backend> Core<B> {
             let nodes = d.reports(&*self.backend);
             if let Some(w) = &self.waiters {
                 w.release_heard(&channels, &d.heard);
-                let deleted_nothing: Vec<bool> = nodes
-                    .iter()
-                    .map(|n| matches!(n.outcome, NodeOutcome::Refused))
-                    .collect();
-                for c in channels.iter() {
-                    w.published_nothing(c, wake, &deleted_nothing);
+                // Nothing to do in the common case (every node deleted, none still to answer):
+                // each call below takes the waiters' lock.
+                let is = |o: fn(&NodeOutcome) -> bool| nodes.iter().any(|n| o(&n.outcome));
+                if is(|o| matches!(o, NodeOutcome::Refused)) {
+                    let deleted_nothing: Vec<bool> = nodes
+                        .iter()
+                        .map(|n| matches!(n.outcome, NodeOutcome::Refused))
+                        .collect();
+                    for c in channels.iter() {
+                        w.published_nothing(c, wake, &deleted_nothing);
+                    }
                 }
-                if channels.iter().any(|c| w.listens_on(c)) {
+                if is(|o| matches!(o, NodeOutcome::Pending))
+                    && channels.iter().any(|c| w.listens_on(c))
+                {
                     published_nothing_later(w, &channels, wake, &nodes, phase.unanswered());
                 }
             }
