@@ -287,11 +287,12 @@ async fn the_recipe_is_enough_and_every_rule_is_needed() {
         acl_log_reset(&cluster).await;
         let outcome = scenario(&cluster, &user, &format!("acl:fewer{i}")).await;
         println!("without {removed}: {outcome:?}");
-        if *removed == "+client|setinfo" {
-            // Nothing breaks; the refusals pile up in ACL LOG instead.
-            assert!(outcome.is_ok(), "{outcome:?}");
+        if ["+client|setinfo", "+delifeq", "+delex"].contains(removed) {
+            // Nothing breaks; the refusals go to ACL LOG instead (the native delete's once per
+            // connection, which then uses the release script).
+            assert!(outcome.is_ok(), "without {removed}: {outcome:?}");
             let log = acl_log(&cluster).await;
-            assert!(log.iter().any(|e| e.contains("client|setinfo")), "{log:?}");
+            assert!(log.iter().any(|e| e.contains(&removed[1..])), "{log:?}");
             continue;
         }
         assert!(
@@ -375,4 +376,39 @@ async fn a_database_other_than_0_needs_select() {
         .unwrap();
     assert_eq!(in_db_0, 0);
     rl.release(lock).await.unwrap();
+}
+
+/// A user whose rules lose the server's native conditional delete while the client is
+/// connected — the recipe of the server's last version kept through an upgrade to one that has
+/// it, or the rule taken away — must still release: the release script does the same. The
+/// native command's refusal was final for the connection, and every lone release on every
+/// such node failed, each lock staying for its TTL (found in review). On a server without a
+/// native delete (Redis 7.0) there is nothing to refuse, and this only checks the recipe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_falls_back_to_the_script_when_the_native_delete_is_refused() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let (name, version) = server(&cluster).await;
+    let rules = common::acl_recipe(&name, &version);
+    set_user(&cluster, "upgraded", &rules).await;
+    let rl = client(urls(&cluster, "upgraded"), RetryPolicy::once());
+    for report in rl.connect().await {
+        assert!(
+            matches!(report.outcome, NodeOutcome::Confirmed),
+            "{report:?}"
+        );
+    }
+    let native = common::native_delete(&name, &version);
+    if let Some(rule) = native {
+        let fewer: Vec<&str> = rules.iter().copied().filter(|r| *r != rule).collect();
+        set_user(&cluster, "upgraded", &fewer).await;
+    }
+    for round in 0..2 {
+        let lock = rl.try_acquire("acl:native").await.expect("granted");
+        let report = rl.release(lock).await;
+        assert!(
+            report.as_ref().is_ok_and(|r| r.released() >= 2),
+            "{name} {version}, native delete {native:?} refused, release {round}: {report:?}"
+        );
+    }
+    assert!(common::no_lock_keys_within(&cluster, Duration::from_secs(1)).await);
 }

@@ -55,6 +55,9 @@ struct Live {
     outbox: Arc<Outbox>,
     /// The conditional commands the server has natively.
     native: Native,
+    /// The server refused a native command on this connection (see `RedisNode::request`):
+    /// the scripts are used instead.
+    native_refused: Arc<AtomicBool>,
     /// Whether answers still come back on this connection.
     heard: Arc<Heard>,
     /// Whether the runtime whose task drives this connection still runs.
@@ -807,6 +810,7 @@ impl RedisNode {
             quarantined_until,
             outbox: Arc::default(),
             native,
+            native_refused: Arc::default(),
             heard: Arc::default(),
             runtime: RuntimeWatch::current(),
         })
@@ -1164,7 +1168,10 @@ impl RedisNode {
                 channels,
                 wake,
                 before_us: None,
-            } if keys.len() == 1 && live.native.delete_if_equal.is_some() => {
+            } if keys.len() == 1
+                && live.native.delete_if_equal.is_some()
+                && !live.native_refused.load(Ordering::Acquire) =>
+            {
                 let t = token.expose();
                 let mut conn = live.conn.clone();
                 let cmd = match live.native.delete_if_equal {
@@ -1199,6 +1206,20 @@ impl RedisNode {
                 let mut answers = answers.into_iter();
                 let deleted = match answers.next() {
                     Some(Ok(redis::Value::Int(n))) => n,
+                    // Refused by the server itself (an ACL user without the command — the
+                    // recipe for the server's last version, kept through an upgrade — or a
+                    // renamed command): the release script does the same, and this connection
+                    // uses it from now on. An error was final before: every lone release on
+                    // the node failed, and each lock stayed for its TTL (found in review; test
+                    // `acl::a_release_falls_back_to_the_script_when_the_native_delete_is_
+                    // refused`). A key of another type is another owner's, as in the script.
+                    Some(Err(e)) if e.code().is_some_and(|c| c != "WRONGTYPE") => {
+                        tracing::debug!(node = %self.name, error = %self.node_error(&e, Some(t)), "native conditional delete refused; using the release script on this connection");
+                        live.native_refused.store(true, Ordering::Release);
+                        return self
+                            .release_scripted(&live, keys, token, channels, *wake, None)
+                            .await;
+                    }
                     Some(Err(e)) => return Err(self.failed(&live, &e, t)),
                     _ => {
                         return Err(NodeError::new(
@@ -1233,23 +1254,38 @@ impl RedisNode {
                 wake,
                 before_us,
             } => {
-                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                let t = token.expose();
-                let wake = wake.message();
-                let before = before_us.map(|us| us.to_string());
-                let mut args: Vec<&str> = Vec::with_capacity(channels.len() + 3);
-                args.extend(before.as_deref());
-                args.push(t);
-                args.push(&wake);
-                args.extend(channels.iter().map(String::as_str));
-                let script = match before_us {
-                    Some(_) => &scripts::RELEASE_BEFORE,
-                    None => &scripts::RELEASE,
-                };
-                let (n, heard): (i64, i64) = self.eval(&live, script, &keys, &args, t).await?;
-                Reply::released_before(n, u32::try_from(heard).ok())
+                self.release_scripted(&live, keys, token, channels, *wake, *before_us)
+                    .await
             }
         }
+    }
+
+    /// An owner-checked release by the release script ([`scripts::RELEASE`], or
+    /// [`scripts::RELEASE_BEFORE`] with a deadline).
+    async fn release_scripted(
+        &self,
+        live: &Live,
+        keys: &[String],
+        token: &Token,
+        channels: &[String],
+        wake: crate::backend::Wake,
+        before_us: Option<u64>,
+    ) -> Result<Reply, NodeError> {
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let t = token.expose();
+        let wake = wake.message();
+        let before = before_us.map(|us| us.to_string());
+        let mut args: Vec<&str> = Vec::with_capacity(channels.len() + 3);
+        args.extend(before.as_deref());
+        args.push(t);
+        args.push(&wake);
+        args.extend(channels.iter().map(String::as_str));
+        let script = match before_us {
+            Some(_) => &scripts::RELEASE_BEFORE,
+            None => &scripts::RELEASE,
+        };
+        let (n, heard): (i64, i64) = self.eval(live, script, &keys, &args, t).await?;
+        Reply::released_before(n, u32::try_from(heard).ok())
     }
 
     /// `PTTL key`: `None` when the key is missing, `Duration::MAX` when it has no expiry. A

@@ -311,7 +311,7 @@ fn has_setinfo(name: &str, version: &str) -> bool {
 }
 
 /// The owner-checked delete the server has natively (docs/protocol.md): it needs its own rule.
-fn native_delete(name: &str, version: &str) -> Option<&'static str> {
+pub fn native_delete(name: &str, version: &str) -> Option<&'static str> {
     let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
     let v = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
     match name {
