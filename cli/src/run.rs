@@ -148,6 +148,20 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
             .max_hold(args.max_hold)
             .retry(policy(args.wait)),
     )?;
+    // The library logs this through `tracing`, which the CLI does not print: a TTL longer than
+    // the quarantine went by without a word, though the restart safety the quarantine gives
+    // holds only for locks no longer than it (found in review).
+    if let Some((quarantine, _)) = settings.restart_quarantine
+        && quarantine < args.ttl
+    {
+        errln!(
+            "redlock: warning: --ttl {} is longer than the restart quarantine ({}): a node that \
+             restarted without its data can vote again while this lock's key is still live on \
+             the others; set the quarantine to at least the longest TTL",
+            humantime::format_duration(args.ttl),
+            humantime::format_duration(quarantine)
+        );
+    }
     let (mut signals, last_signal) = signals()?;
     let resource = args.resource.as_str();
     // The name as messages show it: on one line, whatever it holds.

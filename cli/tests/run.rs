@@ -560,3 +560,36 @@ async fn keep_leaves_the_lock_to_expire_at_its_ttl() {
     .await;
     assert_eq!(out.code, Some(75), "{out:?}");
 }
+
+/// A lock's TTL longer than the restart quarantine: the restart safety the quarantine gives
+/// holds only for locks no longer than it. The library's warning goes to `tracing`, which the
+/// CLI does not print, so `redlock run` said nothing (found in review); it warns on stderr.
+#[tokio::test]
+async fn a_ttl_longer_than_the_restart_quarantine_is_warned_about() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let run = |ttl: &str| {
+        redlock([
+            "--nodes",
+            &nodes(&cluster),
+            "--restart-quarantine",
+            "2s",
+            "run",
+            "quarantined",
+            "--ttl",
+            ttl,
+            "--wait",
+            "10s",
+            "--",
+            "true",
+        ])
+    };
+    let longer = output(run("30s")).await;
+    assert_eq!(longer.code, Some(0), "{longer:?}");
+    assert!(
+        longer.stderr.contains("longer than the restart quarantine"),
+        "{longer:?}"
+    );
+    let shorter = output(run("2s")).await;
+    assert_eq!(shorter.code, Some(0), "{shorter:?}");
+    assert!(!shorter.stderr.contains("quarantine"), "{shorter:?}");
+}
