@@ -36,9 +36,20 @@ const FORWARDED: [i32; 7] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2,
 /// each came from; and the number of the last one to arrive (0 for none), set by the signal
 /// handler itself, for `run` to know without a thread's delay whether one came before the
 /// command started.
+///
+/// A signal ignored when `redlock` started (`nohup`, `trap '' HUP`, a background job of a
+/// non-interactive shell) is left alone: not handled, not passed on, and the command inherits
+/// it ignored. Handled, it was reset to its default for the command, and `nohup redlock run …`
+/// died of the hang-up it was started to survive (test `run::a_signal_ignored_when_redlock_
+/// started_stays_ignored_for_the_command`).
 fn signals() -> Result<(mpsc::UnboundedReceiver<Origin>, Arc<AtomicUsize>), Failure> {
     let last = Arc::new(AtomicUsize::new(0));
-    for signal in FORWARDED {
+    let ignored = ignored_at_start();
+    let forwarded: Vec<i32> = FORWARDED
+        .into_iter()
+        .filter(|s| !ignored.contains(s))
+        .collect();
+    for &signal in &forwarded {
         signal_hook::flag::register_usize(
             signal,
             Arc::clone(&last),
@@ -46,7 +57,7 @@ fn signals() -> Result<(mpsc::UnboundedReceiver<Origin>, Arc<AtomicUsize>), Fail
         )
         .map_err(|e| Failure::new(exit::OS_ERROR, format!("cannot handle signals: {e}")))?;
     }
-    let mut signals = SignalsInfo::<WithOrigin>::new(FORWARDED)
+    let mut signals = SignalsInfo::<WithOrigin>::new(&forwarded)
         .map_err(|e| Failure::new(exit::OS_ERROR, format!("cannot handle signals: {e}")))?;
     let (tx, rx) = mpsc::unbounded_channel();
     std::thread::Builder::new()
@@ -60,6 +71,24 @@ fn signals() -> Result<(mpsc::UnboundedReceiver<Origin>, Arc<AtomicUsize>), Fail
         })
         .map_err(|e| Failure::new(exit::OS_ERROR, format!("cannot start a thread: {e}")))?;
     Ok((rx, last))
+}
+
+/// The signals of [`FORWARDED`] this process ignores (its `SigIgn` mask in `/proc/self/status`,
+/// read before any handler is installed); none where that cannot be read.
+fn ignored_at_start() -> Vec<i32> {
+    let mask = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("SigIgn:"))
+                .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        })
+        .unwrap_or(0);
+    FORWARDED
+        .into_iter()
+        .filter(|&s| (1..=64).contains(&s) && mask & (1u64 << (s - 1)) != 0)
+        .collect()
 }
 
 /// `argv[0]` of `redlock` started again to become the command (see [`exec_command`]).

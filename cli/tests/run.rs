@@ -593,3 +593,43 @@ async fn a_ttl_longer_than_the_restart_quarantine_is_warned_about() {
     assert_eq!(shorter.code, Some(0), "{shorter:?}");
     assert!(!shorter.stderr.contains("quarantine"), "{shorter:?}");
 }
+
+/// A signal ignored when `redlock` started stays ignored for the command: `nohup redlock run
+/// … &` must survive the hang-up that ends the session (the shell sends SIGHUP to the job's
+/// whole process group). `redlock` handled every signal it passes on whatever its state, and
+/// the command started with SIGHUP at its default again, died of it, and `redlock` forwarded it
+/// too (found in review).
+#[tokio::test]
+async fn a_signal_ignored_when_redlock_started_stays_ignored_for_the_command() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let script = "import signal, sys, time, pathlib\n\
+                  print('ignored' if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else 'default', flush=True)\n\
+                  pathlib.Path(sys.argv[1]).touch()\n\
+                  time.sleep(1)\n\
+                  print('survived', flush=True)";
+    let mut cmd = common::isolated("nohup");
+    cmd.args([
+        env!("CARGO_BIN_EXE_redlock"),
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "hup",
+        "--",
+        "python3",
+        "-c",
+        script,
+        ready.to_str().unwrap(),
+    ])
+    .process_group(0);
+    let child = cmd.spawn().unwrap();
+    let group = Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
+    wait_for_file(&ready).await;
+    // What a shell does to a background job when its session hangs up.
+    nix::sys::signal::killpg(group, Signal::SIGHUP).unwrap();
+    let out = finish(child).await;
+    assert!(out.stdout.contains("ignored"), "{out:?}");
+    assert!(out.stdout.contains("survived"), "{out:?}");
+    assert_eq!(out.code, Some(0), "{out:?}");
+}
