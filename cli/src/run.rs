@@ -312,9 +312,14 @@ pub(crate) async fn run(settings: &Settings, args: &RunArgs) -> Result<u8, Failu
         tokio::select! {
             status = child.wait() => break status,
             Some(origin) = signals.recv() => {
-                // A signal from the kernel came from the terminal, which sent it to the whole
-                // foreground process group: the command has it already.
-                if origin.cause != Cause::Kernel
+                // A terminal's signal (from the kernel, one a terminal generates) went to the
+                // whole foreground process group: the command has it already. Any other
+                // kernel-sent one is passed on: SIGALRM of an `alarm()` set before `redlock`
+                // started counted as the terminal's, and the command ran past its time limit
+                // (test `run::an_alarm_set_before_redlock_started_reaches_the_command`).
+                let from_terminal = origin.cause == Cause::Kernel
+                    && [SIGINT, SIGQUIT, SIGHUP].contains(&origin.signal);
+                if !from_terminal
                     && let Ok(signal) = Signal::try_from(origin.signal)
                 {
                     send(signal);

@@ -633,3 +633,30 @@ async fn a_signal_ignored_when_redlock_started_stays_ignored_for_the_command() {
     assert!(out.stdout.contains("survived"), "{out:?}");
     assert_eq!(out.code, Some(0), "{out:?}");
 }
+
+/// SIGALRM from the kernel (an `alarm()` set before `redlock` was started, as the
+/// `perl -e 'alarm 3600; exec @ARGV'` timeout idiom does) is passed on like one sent with
+/// `kill`: only SIGINT, SIGQUIT and SIGHUP come from a terminal to the whole process group.
+/// Every kernel-sent signal counted as the terminal's, and this one was neither passed on nor
+/// acted on: the command ran on past its time limit (found in review).
+#[tokio::test]
+async fn an_alarm_set_before_redlock_started_reaches_the_command() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let mut cmd = common::isolated("python3");
+    cmd.args([
+        "-c",
+        "import os, signal, sys\nsignal.alarm(1)\nos.execvp(sys.argv[1], sys.argv[1:])",
+        env!("CARGO_BIN_EXE_redlock"),
+        "--nodes",
+        &nodes(&cluster),
+        "run",
+        "alarm",
+        "--",
+        "sh",
+        "-c",
+        "sleep 3; echo ran",
+    ]);
+    let out = output(cmd).await;
+    assert!(!out.stdout.contains("ran"), "{out:?}");
+    assert_eq!(out.code, Some(128 + 14), "{out:?}");
+}
