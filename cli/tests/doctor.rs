@@ -30,7 +30,9 @@ fn findings<'a>(report: &'a Value, level: &str, check: &str) -> Vec<&'a Value> {
 #[tokio::test]
 async fn a_good_cluster_passes() {
     let cluster = Cluster::start(3).await.unwrap();
-    let (code, report) = doctor(&nodes(&cluster), &["--restart-quarantine", "30s"]).await;
+    // Servers older than the quarantine (uptime is counted in whole seconds).
+    tokio::time::sleep(std::time::Duration::from_millis(2_100)).await;
+    let (code, report) = doctor(&nodes(&cluster), &["--restart-quarantine", "2s"]).await;
     assert_eq!(report["errors"], 0, "{report:#}");
     assert_eq!(code, Some(0));
     assert_eq!(report["warnings"], 0, "{report:#}");
@@ -195,4 +197,23 @@ async fn missing_acl_permissions_are_flagged() {
         "CONFIG denied: {report:#}"
     );
     assert!(!report.to_string().contains("lockerpw"));
+}
+
+/// A cluster whose servers are all younger than the restart quarantine grants no lock until
+/// the quarantine is over: `doctor` says so. It reported "ok" with no warning while every
+/// `redlock run` failed with 69 (found in review).
+#[tokio::test]
+async fn a_cluster_inside_its_restart_quarantine_is_warned_about() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let (code, report) = doctor(&nodes(&cluster), &["--restart-quarantine", "30s"]).await;
+    let warned = findings(&report, "warn", "quarantine");
+    assert_eq!(warned.len(), 1, "{report:#}");
+    assert!(
+        warned[0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("only 0 of 3 nodes")),
+        "{report:#}"
+    );
+    assert_eq!(report["errors"], 0, "{report:#}");
+    assert_eq!(code, Some(0), "warnings alone exit 0: {report:#}");
 }
