@@ -37,9 +37,8 @@ const FORWARDED: [i32; 7] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2,
 /// handler itself, for `run` to know without a thread's delay whether one came before the
 /// command started.
 ///
-/// A signal ignored when `redlock` started (`nohup`, `trap '' HUP`, a background job of a
-/// non-interactive shell) is left alone: not handled, not passed on, and the command inherits
-/// it ignored. Handled, it was reset to its default for the command, and `nohup redlock run …`
+/// SIGHUP ignored when `redlock` started (`nohup`, `trap '' HUP`) is left alone: not handled,
+/// not passed on, and the command inherits it ignored (see [`ignored_at_start`]). Handled, it was reset to its default for the command, and `nohup redlock run …`
 /// died of the hang-up it was started to survive (test `run::a_signal_ignored_when_redlock_
 /// started_stays_ignored_for_the_command`).
 fn signals() -> Result<(mpsc::UnboundedReceiver<Origin>, Arc<AtomicUsize>), Failure> {
@@ -74,7 +73,12 @@ fn signals() -> Result<(mpsc::UnboundedReceiver<Origin>, Arc<AtomicUsize>), Fail
 }
 
 /// The signals of [`FORWARDED`] this process ignores (its `SigIgn` mask in `/proc/self/status`,
-/// read before any handler is installed); none where that cannot be read.
+/// read before any handler is installed) that it leaves alone: SIGHUP, which `nohup` ignores
+/// for a job to outlive its session. SIGINT and SIGQUIT are ignored by every background job of
+/// a non-interactive shell (a CI runner, a script with `&`), including a `redlock` started on a
+/// terminal of its own from there, where Ctrl-C must still reach it: left alone, the terminal
+/// tests failed in CI (`terminal::an_interrupt_while_waiting_exits_130_and_leaves_the_holders_
+/// lock`). None where the mask cannot be read.
 fn ignored_at_start() -> Vec<i32> {
     let mask = std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -85,7 +89,7 @@ fn ignored_at_start() -> Vec<i32> {
                 .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
         })
         .unwrap_or(0);
-    FORWARDED
+    [SIGHUP]
         .into_iter()
         .filter(|&s| (1..=64).contains(&s) && mask & (1u64 << (s - 1)) != 0)
         .collect()
