@@ -246,7 +246,10 @@ async fn one_server_under_two_spellings_leaves_no_lock_behind() {
     // `127.1` is not normalised for a non-special URL scheme; it resolves to 127.0.0.1.
     let list = format!("redis://127.0.0.1:{p0},redis://127.1:{p0},redis://127.0.0.1:{p1}");
     let mut refused = 0;
-    for i in 0..4 {
+    // Whether a run finds out depends on whether the second spelling's connection is open
+    // before its lock is decided: in a CI run under load none of four runs did (Valkey pass,
+    // 2026-12-06), so ten are made.
+    for i in 0..10 {
         let resource = format!("dup{i}");
         let out = output(redlock([
             "--nodes", &list, "run", "--ttl", "60s", &resource, "--", "true",
