@@ -248,6 +248,23 @@ impl Wake {
         Wake(crate::det::id().max(1))
     }
 
+    /// The id of a release's second wake-up on a node whose first went out before the delete
+    /// (a refused native delete, then the release script): derived from this one, so that every
+    /// node of the release sends the same, and different from it, so that a waiter the early
+    /// wake-up woke for nothing does not drop this one as a repeat. [`Wake::NONE`] stays
+    /// itself.
+    pub(crate) fn resent(self) -> Self {
+        if self == Wake::NONE {
+            return self;
+        }
+        let derived = (self.0.rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15).max(1);
+        Wake(if derived == self.0 {
+            derived ^ 1
+        } else {
+            derived
+        })
+    }
+
     /// The published form: lowercase hex.
     pub(crate) fn message(self) -> String {
         format!("{:x}", self.0)

@@ -1212,6 +1212,19 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_resent_wake_up_is_the_same_for_every_node_and_never_a_repeat() {
+        for _ in 0..1000 {
+            let id = Wake::random();
+            let again = id.resent();
+            assert_eq!(again, id.resent());
+            assert_ne!(again, id);
+            assert_ne!(again, Wake::NONE);
+            assert_eq!(Wake::parse(again.message().as_bytes()), Some(again));
+        }
+        assert_eq!(Wake::NONE.resent(), Wake::NONE);
+    }
+
     #[tokio::test]
     async fn local_hand_offs_stop_after_a_streak_and_need_a_local_waiter() {
         let w = waiters();

@@ -412,3 +412,80 @@ async fn a_release_falls_back_to_the_script_when_the_native_delete_is_refused() 
     }
     assert!(common::no_lock_keys_within(&cluster, Duration::from_secs(1)).await);
 }
+
+/// The native release sends its wake-up in the same round trip as the delete. When the server
+/// refused the delete, that wake-up went out before the release script deleted the key, and the
+/// script's wake-up carried the same id: another client's waiter woken by the first found the
+/// lock still held, and dropped the second as a repeat of a release it had heard, so it waited
+/// for its next retry (20 s here) instead of taking the freed lock. The releasing client's link
+/// is slowed (30 ms each way) so that the waiter's attempt always lands between the two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_hears_a_release_whose_native_delete_was_refused() {
+    let cluster = common::proxied(3).await;
+    let (name, version) = server(&cluster).await;
+    let rules = common::acl_recipe(&name, &version);
+    set_user(&cluster, "upgraded", &rules).await;
+    let through_proxies: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .map(|n| {
+            let port = n.proxy().expect("proxied").addr().port();
+            format!("redis://upgraded:{PASSWORD}@127.0.0.1:{port}")
+        })
+        .collect();
+    let a = client(through_proxies, RetryPolicy::once());
+    for report in a.connect().await {
+        assert!(
+            matches!(report.outcome, NodeOutcome::Confirmed),
+            "{report:?}"
+        );
+    }
+    let native = common::native_delete(&name, &version);
+    if let Some(rule) = native {
+        let fewer: Vec<&str> = rules.iter().copied().filter(|r| *r != rule).collect();
+        set_user(&cluster, "upgraded", &fewer).await;
+    }
+    let resource = "acl:refused-wake";
+    let lock = a.try_acquire(resource).await.expect("granted");
+
+    let b = client(
+        urls(&cluster, "upgraded"),
+        RetryPolicy::deadline(Duration::from_secs(60))
+            .with_delay(Duration::from_secs(20), Duration::ZERO),
+    );
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.acquire(resource).await })
+    };
+    let channel = format!("redlock:release:{resource}");
+    assert!(
+        common::eventually(Duration::from_secs(2), || async {
+            common::subscribed_nodes(&cluster, &channel).await >= 3
+        })
+        .await,
+        "the waiter did not subscribe"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    for node in cluster.nodes() {
+        node.proxy()
+            .unwrap()
+            .set_delay(Duration::from_millis(30), Duration::ZERO);
+    }
+    let report = a.release(lock).await;
+    assert!(
+        report.as_ref().is_ok_and(|r| r.released() >= 2),
+        "{name} {version}, native delete {native:?} refused: {report:?}"
+    );
+    let started = std::time::Instant::now();
+    match tokio::time::timeout(Duration::from_secs(5), waiter).await {
+        Ok(Ok(Ok(held))) => {
+            let _ = b.release(held).await;
+        }
+        other => panic!(
+            "{name} {version}, native delete {native:?} refused: the waiter was not woken by \
+             the release ({:?} after it: {other:?})",
+            started.elapsed()
+        ),
+    }
+}

@@ -1213,11 +1213,15 @@ impl RedisNode {
                     // the node failed, and each lock stayed for its TTL (found in review; test
                     // `acl::a_release_falls_back_to_the_script_when_the_native_delete_is_
                     // refused`). A key of another type is another owner's, as in the script.
+                    // The wake-up sent with the refused delete went out while the key was
+                    // still there: a waiter it woke found the lock held, and would drop the
+                    // script's wake-up as a repeat if it carried the same id (test `acl::a_
+                    // waiter_hears_a_release_whose_native_delete_was_refused`).
                     Some(Err(e)) if e.code().is_some_and(|c| c != "WRONGTYPE") => {
                         tracing::debug!(node = %self.name, error = %self.node_error(&e, Some(t)), "native conditional delete refused; using the release script on this connection");
                         live.native_refused.store(true, Ordering::Release);
                         return self
-                            .release_scripted(&live, keys, token, channels, *wake, None)
+                            .release_scripted(&live, keys, token, channels, wake.resent(), None)
                             .await;
                     }
                     Some(Err(e)) => return Err(self.failed(&live, &e, t)),
