@@ -378,6 +378,30 @@ async fn a_database_other_than_0_needs_select() {
     rl.release(lock).await.unwrap();
 }
 
+/// Connects `rl` as user "upgraded" (holding `rules`), then takes the server's native delete
+/// rule away from that user, as an upgrade that kept the last version's recipe would: returns
+/// the rule taken (`None` for a server without a native delete).
+async fn connect_then_refuse_native(
+    cluster: &Cluster,
+    rl: &Redlock,
+    name: &str,
+    version: &str,
+    rules: &[&'static str],
+) -> Option<&'static str> {
+    for report in rl.connect().await {
+        assert!(
+            matches!(report.outcome, NodeOutcome::Confirmed),
+            "{report:?}"
+        );
+    }
+    let native = common::native_delete(name, version);
+    if let Some(rule) = native {
+        let fewer: Vec<&str> = rules.iter().copied().filter(|r| *r != rule).collect();
+        set_user(cluster, "upgraded", &fewer).await;
+    }
+    native
+}
+
 /// A user whose rules lose the server's native conditional delete while the client is
 /// connected — the recipe of the server's last version kept through an upgrade to one that has
 /// it, or the rule taken away — must still release: the release script does the same. The
@@ -391,17 +415,7 @@ async fn a_release_falls_back_to_the_script_when_the_native_delete_is_refused() 
     let rules = common::acl_recipe(&name, &version);
     set_user(&cluster, "upgraded", &rules).await;
     let rl = client(urls(&cluster, "upgraded"), RetryPolicy::once());
-    for report in rl.connect().await {
-        assert!(
-            matches!(report.outcome, NodeOutcome::Confirmed),
-            "{report:?}"
-        );
-    }
-    let native = common::native_delete(&name, &version);
-    if let Some(rule) = native {
-        let fewer: Vec<&str> = rules.iter().copied().filter(|r| *r != rule).collect();
-        set_user(&cluster, "upgraded", &fewer).await;
-    }
+    let native = connect_then_refuse_native(&cluster, &rl, &name, &version, &rules).await;
     for round in 0..2 {
         let lock = rl.try_acquire("acl:native").await.expect("granted");
         let report = rl.release(lock).await;
@@ -434,17 +448,7 @@ async fn a_waiter_hears_a_release_whose_native_delete_was_refused() {
         })
         .collect();
     let a = client(through_proxies, RetryPolicy::once());
-    for report in a.connect().await {
-        assert!(
-            matches!(report.outcome, NodeOutcome::Confirmed),
-            "{report:?}"
-        );
-    }
-    let native = common::native_delete(&name, &version);
-    if let Some(rule) = native {
-        let fewer: Vec<&str> = rules.iter().copied().filter(|r| *r != rule).collect();
-        set_user(&cluster, "upgraded", &fewer).await;
-    }
+    let native = connect_then_refuse_native(&cluster, &a, &name, &version, &rules).await;
     let resource = "acl:refused-wake";
     let lock = a.try_acquire(resource).await.expect("granted");
 
