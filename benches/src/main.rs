@@ -79,7 +79,7 @@ impl Plan {
                 tput_wall: Duration::from_millis(200),
                 tput_windows: 2,
                 hot_nodes: vec![5],
-                hot_wall: Duration::from_secs(1),
+                hot_wall: Duration::from_millis(500),
                 hot_fault_nodes: vec![5],
                 held_nodes: 5,
                 held_sizes: vec![1_000],
