@@ -621,13 +621,40 @@ async fn a_phase_polled_after_a_stall_records_the_silent_nodes() {
         .await
         .expect("decided");
     assert!(!d.success);
-    // Decided by the timeouts (the decision is sent once it is known, so a node recorded after
-    // that shows as pending in it).
+    // Decided by the timeouts.
     assert!(
         d.count(|o| matches!(o, NodeOutcome::TimedOut { .. })) >= 1,
         "{:?}",
         d.outcomes
     );
+}
+
+/// Answers ready together are recorded in one pass of the driver, in node order, and the caller
+/// takes the decision after the pass: it shows the answers recorded after the deciding one. They
+/// read "still to answer" in it while the phase knew them, so a release's first node that
+/// deleted nothing was neither counted at the decision nor followed after it (test `waiting::a_
+/// local_waiter_does_not_wait_for_a_first_node_that_lost_the_key_and_answered_with_the_quorum`).
+#[tokio::test(start_paused = true)]
+async fn a_decision_shows_the_answers_recorded_in_the_pass_that_decided() {
+    let backend = Arc::new(FakeBackend::new(&[Behaviour::AtOnce; 3]));
+    backend.data[2]
+        .lock()
+        .unwrap()
+        .keys
+        .insert("k".to_owned(), "another owner's token".to_owned());
+    let op = fresh_acquire();
+    let mut phase = Phase::start(&backend, PhaseName::Acquire, op, Goal::Quorum, None, None);
+    let d = phase.decided().await;
+    assert!(d.success);
+    assert_eq!(
+        d.outcomes,
+        vec![
+            NodeOutcome::Confirmed,
+            NodeOutcome::Confirmed,
+            NodeOutcome::Refused
+        ]
+    );
+    assert_eq!(d.positive, 2);
 }
 
 /// The first node's connection is being opened, so its budget is longer than the others'
