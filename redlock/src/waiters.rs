@@ -98,8 +98,9 @@ struct Channel {
     /// The latest releases' wake-up ids already acted on (by a local release or the first
     /// node's message), oldest first, each with the nodes whose message for it arrived (bit i
     /// for node i): the other nodes' messages for them wake nobody, but tell
-    /// [`Interest::wait_for_node`] that the node has deleted the key.
-    recent: std::collections::VecDeque<(Wake, u64)>,
+    /// [`Interest::wait_for_node`] that the node has deleted the key. Third, the nodes whose
+    /// second wake-up of the release arrived (see [`Heard::Resent`]).
+    recent: std::collections::VecDeque<(Wake, u64, u64)>,
     /// Notified on every message on the channel, repeats included (see
     /// [`Interest::wait_for_node`]).
     heard: Arc<Notify>,
@@ -130,24 +131,49 @@ impl Channel {
             .is_some_and(|at| now.saturating_duration_since(at) <= CONTENDED_FOR)
     }
 
-    /// Records `wake` as acted on, heard from `node` (`None` for this client's own release);
-    /// `false` if it already was (a repeat from another node). A message without an id always
-    /// counts as new.
-    fn first(&mut self, wake: Option<Wake>, node: Option<usize>) -> bool {
+    /// Records `wake` as acted on, heard from `node` (`None` for this client's own release),
+    /// and says what it is to the channel. A message without an id always counts as new.
+    fn first(&mut self, wake: Option<Wake>, node: Option<usize>) -> Heard {
         let Some(wake) = wake else {
-            return true;
+            return Heard::New;
         };
         let bit = node.map_or(0, node_bit);
-        if let Some((_, nodes)) = self.recent.iter_mut().find(|(w, _)| *w == wake) {
+        if let Some((_, nodes, _)) = self.recent.iter_mut().find(|(w, _, _)| *w == wake) {
             *nodes |= bit;
-            return false;
+            return Heard::Repeat;
+        }
+        if let Some((_, nodes, resent)) =
+            self.recent.iter_mut().find(|(w, _, _)| w.resent() == wake)
+        {
+            *nodes |= bit;
+            if *resent & bit != 0 {
+                return Heard::Repeat;
+            }
+            *resent |= bit;
+            return Heard::Resent;
         }
         if self.recent.len() == RECENT {
             self.recent.pop_front();
         }
-        self.recent.push_back((wake, bit));
-        true
+        self.recent.push_back((wake, bit, 0));
+        Heard::New
     }
+}
+
+/// What a message on a channel is to it (see [`Channel::first`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Heard {
+    /// A release not heard of before (or a message without a wake-up id): it wakes the waiters.
+    New,
+    /// Another node's message of a release already heard: it wakes nobody.
+    Repeat,
+    /// A node's second wake-up of a release heard already ([`Wake::resent`]): its first went
+    /// out before its delete (the server refused the native delete, and the release script
+    /// followed). A waiter the first one woke was refused there and waits again: this one
+    /// wakes the waiters, once per node. It stays part of the release it belongs to, as the
+    /// latest release is what waits for a node's message wait for; as a release of its own,
+    /// it hid the other nodes' messages from waits for them, which then ran out.
+    Resent,
 }
 
 /// Node `i`'s bit in [`Channel::recent`]; nodes past the 64th share the last bit (a wait for
@@ -443,7 +469,7 @@ impl Interest {
             state
                 .channels
                 .get(&self.channel)
-                .and_then(|c| c.recent.back().map(|(w, _)| *w))
+                .and_then(|c| c.recent.back().map(|(w, _, _)| *w))
         };
         let before = latest(&lock(&self.waiters.shared.state));
         loop {
@@ -484,7 +510,7 @@ impl Interest {
             .channels
             .get(&self.channel)
             .and_then(|c| c.recent.back())
-            .is_none_or(|(_, nodes)| nodes & node_bit(node) != 0)
+            .is_none_or(|(_, nodes, _)| nodes & node_bit(node) != 0)
     }
 
     /// Whether an acquire made now would reach the nodes ahead of other clients' waiters: the
@@ -1123,9 +1149,12 @@ impl NodeSub {
         let Some(c) = state.channels.get_mut(msg.channel()) else {
             return true;
         };
-        let new = c.first(Wake::parse(msg.payload()), Some(self.index));
+        let heard = c.first(Wake::parse(msg.payload()), Some(self.index));
         c.heard.notify_waiters();
-        if new {
+        if heard == Heard::Resent {
+            c.notify.notify_waiters();
+        }
+        if heard == Heard::New {
             // Another client's release: if it released the lock this client took (handed to
             // it), the local waiters must not wait for a release of their own.
             c.held_until = None;
@@ -1179,6 +1208,7 @@ mod tests {
                 .get_mut("c")
                 .expect("channel of interest")
                 .first(wake, Some(0))
+                == Heard::New
         };
         // This client's own release: the nodes' messages of it wake nobody here.
         let own = Wake(0x5eed);
@@ -1199,6 +1229,31 @@ mod tests {
             first(Some(other)),
             "forgotten after {RECENT} newer releases"
         );
+        drop(interest);
+    }
+
+    #[tokio::test]
+    async fn a_resent_wake_up_wakes_once_per_node_and_stays_part_of_its_release() {
+        let w = waiters();
+        let interest = w.interest("c", None).await;
+        let heard = |wake: Wake, node: usize| {
+            lock(&w.shared.state)
+                .channels
+                .get_mut("c")
+                .expect("channel of interest")
+                .first(Some(wake), Some(node))
+        };
+        let x = Wake(0x1234);
+        assert_eq!(heard(x, 0), Heard::New);
+        assert_eq!(heard(x, 1), Heard::Repeat);
+        // Node 0's delete was refused natively: its script's wake-up follows.
+        assert_eq!(heard(x.resent(), 0), Heard::Resent);
+        assert_eq!(heard(x.resent(), 0), Heard::Repeat);
+        assert_eq!(heard(x.resent(), 1), Heard::Resent);
+        // Still the latest release: node 2's message of it is what a wait for node 2 awaits.
+        assert!(!interest.node_published(2));
+        assert_eq!(heard(x, 2), Heard::Repeat);
+        assert!(interest.node_published(2));
         drop(interest);
     }
 

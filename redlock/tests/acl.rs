@@ -24,7 +24,12 @@ const PASSWORD: &str = "acl-recipe-Pa55";
 
 /// Creates (or replaces) ACL user `user` with exactly `rules` on every node.
 async fn set_user(cluster: &Cluster, user: &str, rules: &[&str]) {
-    for node in cluster.nodes() {
+    set_user_on(cluster.nodes(), user, rules).await;
+}
+
+/// [`set_user`] on `nodes` only.
+async fn set_user_on(nodes: &[redlock_testkit::RedisNode], user: &str, rules: &[&str]) {
+    for node in nodes {
         let mut c = node.connection().await.unwrap();
         let mut cmd = redis::cmd("ACL");
         cmd.arg("SETUSER")
@@ -489,6 +494,100 @@ async fn a_waiter_hears_a_release_whose_native_delete_was_refused() {
         other => panic!(
             "{name} {version}, native delete {native:?} refused: the waiter was not woken by \
              the release ({:?} after it: {other:?})",
+            started.elapsed()
+        ),
+    }
+}
+
+/// The same with one node refusing the native delete and the two others deleting natively,
+/// slowly (the releasing client's links to them delayed 100 ms each way). The refusing node's
+/// script sends the release's second wake-up while the others' deletes are still on their way.
+/// Taken for a release of its own, it became the latest release: a waiter refused by the slow
+/// nodes then waited for their messages of it, which never come (they publish the first id),
+/// until its node timeout (a wait for its first node) or its next retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_hears_a_release_whose_native_delete_one_node_refused() {
+    let cluster = common::proxied(3).await;
+    let (name, version) = server(&cluster).await;
+    let rules = common::acl_recipe(&name, &version);
+    set_user(&cluster, "upgraded", &rules).await;
+    let through_proxies: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .map(|n| {
+            let port = n.proxy().expect("proxied").addr().port();
+            format!("redis://upgraded:{PASSWORD}@127.0.0.1:{port}")
+        })
+        .collect();
+    let a = client(through_proxies, RetryPolicy::once());
+    for report in a.connect().await {
+        assert!(
+            matches!(report.outcome, NodeOutcome::Confirmed),
+            "{report:?}"
+        );
+    }
+    let native = common::native_delete(&name, &version);
+    let refusing = 0;
+    if let Some(rule) = native {
+        // Node 0 only: as in a rolling upgrade that gave it the last version's recipe.
+        let fewer: Vec<&str> = rules.iter().copied().filter(|r| *r != rule).collect();
+        set_user_on(&cluster.nodes()[refusing..=refusing], "upgraded", &fewer).await;
+    }
+    let resource = "acl:one-refused-wake";
+    let lock = a.try_acquire(resource).await.expect("granted");
+
+    // A node timeout of 1 s: a wait for a node's message that never comes ends there.
+    let b = Redlock::builder()
+        .nodes(urls(&cluster, "upgraded"))
+        .ttl(Duration::from_secs(10))
+        .node_timeout(Duration::from_secs(1))
+        .retry(
+            RetryPolicy::deadline(Duration::from_secs(60))
+                .with_delay(Duration::from_secs(20), Duration::ZERO),
+        )
+        .build()
+        .unwrap();
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.acquire(resource).await })
+    };
+    let channel = format!("redlock:release:{resource}");
+    assert!(
+        common::eventually(Duration::from_secs(2), || async {
+            common::subscribed_nodes(&cluster, &channel).await >= 3
+        })
+        .await,
+        "the waiter did not subscribe"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    for (i, node) in cluster.nodes().iter().enumerate() {
+        if i != refusing {
+            node.proxy()
+                .unwrap()
+                .set_delay(Duration::from_millis(100), Duration::ZERO);
+        }
+    }
+    let started = std::time::Instant::now();
+    let report = a.release(lock).await;
+    assert!(
+        report.as_ref().is_ok_and(|r| r.released() >= 2),
+        "{name} {version}, native delete {native:?} refused on node {refusing}: {report:?}"
+    );
+    match tokio::time::timeout(Duration::from_secs(5), waiter).await {
+        Ok(Ok(Ok(held))) => {
+            let waited = started.elapsed();
+            let _ = b.release(held).await;
+            // The slow nodes delete about 100 ms after the release began.
+            assert!(
+                waited < Duration::from_millis(600),
+                "{name} {version}, native delete {native:?} refused on node {refusing}: the \
+                 waiter got the lock {waited:?} after the release began"
+            );
+        }
+        other => panic!(
+            "{name} {version}, native delete {native:?} refused on node {refusing}: the waiter \
+             was not woken by the release ({:?} after it began: {other:?})",
             started.elapsed()
         ),
     }
