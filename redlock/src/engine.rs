@@ -418,7 +418,7 @@ impl State {
         {
             self.decided = true;
             self.decision = Some(self.snapshot(success));
-        } else if let Some(success) = self.decision.as_ref().map(|d| d.success) {
+        } else if let Some(decided) = self.decision.take() {
             // Decided, and the caller has not taken the decision yet: it shows every answer
             // recorded until then. A pass of the driver records every answer that is ready,
             // and the caller takes the decision after the pass: answers recorded in the pass
@@ -426,8 +426,13 @@ impl State {
             // and were neither counted at the decision nor followed after it. A release's first
             // node that deleted nothing was missed so (a local waiter waited out its node
             // timeout: test `waiting::a_local_waiter_does_not_wait_for_a_first_node_that_lost_
-            // the_key_and_answered_with_the_quorum`). An answer cannot change the verdict.
-            self.decision = Some(self.snapshot(success));
+            // the_key_and_answered_with_the_quorum`). An answer cannot change the verdict. The
+            // claims stay the deciding quorum's (`Lock::claims`; later grants' claims reach
+            // the lock's fencing token through its grants).
+            self.decision = Some(Decision {
+                claims: decided.claims,
+                ..self.snapshot(decided.success)
+            });
         }
         self.take_cleanup(i)
     }

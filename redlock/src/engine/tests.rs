@@ -655,6 +655,8 @@ async fn a_decision_shows_the_answers_recorded_in_the_pass_that_decided() {
         ]
     );
     assert_eq!(d.positive, 2);
+    // The claims stay the deciding quorum's (`Lock::claims`).
+    assert_eq!(d.claims.len(), 2);
 }
 
 /// The first node's connection is being opened, so its budget is longer than the others'
