@@ -558,6 +558,8 @@ impl<B: Backend> Renewer<B> {
             started,
             outcomes: vec![vec![NodeOutcome::Pending; n]; m],
             missing: vec![Vec::new(); m],
+            lost_by: vec![0; m],
+            putting_back: vec![0; m],
             yes: vec![0; m],
             decided: vec![None; m],
             settled: vec![false; m],
@@ -570,9 +572,35 @@ impl<B: Backend> Renewer<B> {
         // its nodes are asked again; the decided ones used to keep their old deadlines until
         // then, and expired: test `renewal_attacks::a_lock_decided_in_a_round_does_not_wait_
         // for_an_undecided_one`).
+        // Put-backs under way in this round, each node `i`'s for lock `j`: whether it took the
+        // keys back (see the `Missing` answer below).
+        let mut putting_back: FuturesUnordered<PutBack> = FuturesUnordered::new();
+        // Past the budget: the nodes still to answer are late (see `put_back_early`).
+        let mut late = false;
+        let budget_ends = started + budget;
         while undecided > 0 {
-            let Some((i, answer, waited)) = calls.next().await else {
-                break;
+            let (i, answer, waited) = crate::det::select! {
+                Some(answer) = calls.next() => answer,
+                () = tokio::time::sleep_until(budget_ends), if !late => {
+                    late = true;
+                    for (j, held) in chunk.iter().enumerate() {
+                        self.put_back_early(&mut round, (j, held), late, &mut putting_back);
+                    }
+                    continue;
+                }
+                Some((i, j, took)) = putting_back.next() => {
+                    round.put_back(j, i, took, quorum);
+                    if round.settled[j] || round.decided[j].is_some() {
+                        continue;
+                    }
+                    if let Some(ok) = engine::verdict(round.yes[j], pending + round.putting_back[j], quorum) {
+                        round.decided[j] = Some((ok, started.elapsed()));
+                        undecided -= 1;
+                        self.settle_all(&mut round, chunk, vec![j]);
+                    }
+                    continue;
+                }
+                else => break,
             };
             pending -= 1;
             let answer: &BatchAnswer = &answer;
@@ -596,6 +624,7 @@ impl<B: Backend> Renewer<B> {
                         Some(Renewed::Extended) => NodeOutcome::Confirmed,
                         Some(Renewed::Missing) => {
                             round.missing[j].push(i);
+                            round.lost_by[j] += 1;
                             NodeOutcome::Refused
                         }
                         _ => NodeOutcome::Refused,
@@ -605,8 +634,10 @@ impl<B: Backend> Renewer<B> {
                 };
                 round.yes[j] += usize::from(outcome == NodeOutcome::Confirmed);
                 round.outcomes[j][i] = outcome;
+                self.put_back_early(&mut round, (j, held), late, &mut putting_back);
                 if round.decided[j].is_none()
-                    && let Some(ok) = engine::verdict(round.yes[j], pending, quorum)
+                    && let Some(ok) =
+                        engine::verdict(round.yes[j], pending + round.putting_back[j], quorum)
                 {
                     round.decided[j] = Some((ok, started.elapsed()));
                     undecided -= 1;
@@ -646,6 +677,49 @@ impl<B: Backend> Renewer<B> {
                     }
                 }
             });
+        }
+    }
+
+    /// Puts lock `j`'s keys back at once on the nodes that answered `round` that they lost
+    /// them, if the lock is undecided, renewed on some node, lost by fewer than a quorum, and
+    /// the round is `late` (past its budget, some node still to answer): each counts as
+    /// renewing the lock if it took them (they expire later than the renewal counts from).
+    /// They were refusals, and with another node hung the round waited for that one until the
+    /// validity ran out: the lease was lost although a quorum answered and nobody else held
+    /// the keys (test `leases::a_renewal_puts_back_the_key_a_node_lost_while_another_hangs`).
+    /// Keys gone from a quorum were deleted, not lost (released by a client the lock was
+    /// handed to, or taken away), and the lock is not brought back (`leases::a_renewal_that_
+    /// finds_the_keys_gone_from_a_quorum_puts_nothing_back`). A round answered in time is
+    /// decided as before: put back before it was, on a node whose delete came first while
+    /// the deletes reached the nodes one after another, the key kept the lock alive
+    /// (`run_lost::a_started_process_whose_main_thread_exited_is_stopped_too`, in the lanes).
+    fn put_back_early(
+        &self,
+        round: &mut Round,
+        (j, held): (usize, &Arc<Held>),
+        late: bool,
+        putting_back: &mut FuturesUnordered<PutBack>,
+    ) {
+        let quorum = engine::quorum(self.backend.len());
+        if !late
+            || round.decided[j].is_some()
+            || round.yes[j] == 0
+            || round.lost_by[j] >= quorum
+            || round.missing[j].is_empty()
+        {
+            return;
+        }
+        for node in std::mem::take(&mut round.missing[j]) {
+            match put_back(&self.backend, self.config.node_timeout, held, node) {
+                Some(took) => {
+                    round.putting_back[j] += 1;
+                    round.outcomes[j][node] = NodeOutcome::Pending;
+                    putting_back.push(Box::pin(
+                        async move { (node, j, took.await.unwrap_or(false)) },
+                    ));
+                }
+                None => round.missing[j].push(node),
+            }
         }
     }
 
@@ -757,12 +831,22 @@ impl<B: Backend> Renewer<B> {
 }
 
 /// What a renewal round has heard and settled so far, per lock of its batch.
+/// A put-back under way in a round (see [`Renewer::put_back_early`]): node, lock, and whether
+/// the node took the keys.
+type PutBack = std::pin::Pin<Box<dyn std::future::Future<Output = (usize, usize, bool)> + Send>>;
+
 struct Round {
     started: Instant,
     /// Each node's outcome.
     outcomes: Vec<Vec<NodeOutcome>>,
     /// The nodes that answered that they lost the lock's keys.
     missing: Vec<Vec<usize>>,
+    /// Per lock of the batch: how many nodes answered, before it was decided, that they lost
+    /// its keys.
+    lost_by: Vec<usize>,
+    /// Per lock of the batch: put-backs of its keys under way, on nodes that lost them before
+    /// it was decided (each counts as a node still to answer).
+    putting_back: Vec<usize>,
     /// How many nodes confirmed.
     yes: Vec<usize>,
     /// The verdict, and when it was reached.
@@ -776,6 +860,23 @@ struct Round {
 }
 
 impl Round {
+    /// Node `i`'s put-back of lock `j`'s keys answered: it renews the lock there if the node
+    /// `took` them and fewer than a `quorum` of nodes lost them (see `Renewer::renew_batch`),
+    /// else the node refused.
+    fn put_back(&mut self, j: usize, i: usize, took: bool, quorum: usize) {
+        self.putting_back[j] -= 1;
+        if self.settled[j] {
+            return;
+        }
+        let took = took && self.lost_by[j] < quorum;
+        self.yes[j] += usize::from(took);
+        self.outcomes[j][i] = if took {
+            NodeOutcome::Confirmed
+        } else {
+            NodeOutcome::Refused
+        };
+    }
+
     /// Node `i` answered, after lock `j` was renewed at its quorum, that it lost the lock's
     /// keys: they are put back there.
     fn missing_after<B: Backend>(
@@ -872,14 +973,24 @@ impl NodePart {
     }
 }
 
-/// Puts back the keys of a lock that nodes lost (found missing by a renewal that reached
-/// its quorum): each such node gets an owner-checked `SET NX` of the lock's keys, as a
-/// grant — refused when anyone else holds them, and not sent to a node in its restart
-/// quarantine. The lock regains the redundancy a restart took.
+/// Puts back the keys of a lock that nodes lost (found missing by a renewal): each such node
+/// gets an owner-checked `SET NX` of the lock's keys, as a grant — refused when anyone else
+/// holds them, and not sent to a node in its restart quarantine. The lock regains the
+/// redundancy a restart took.
 fn repair<B: Backend>(backend: &Arc<B>, node_timeout: Duration, held: &Arc<Held>, nodes: &[usize]) {
-    if nodes.is_empty() {
-        return;
+    for &i in nodes {
+        drop(put_back(backend, node_timeout, held, i));
     }
+}
+
+/// [`repair`] on node `i`: whether the node took the keys back, once it answered (`false` also
+/// for no answer in time); `None` when nothing is sent.
+fn put_back<B: Backend>(
+    backend: &Arc<B>,
+    node_timeout: Duration,
+    held: &Arc<Held>,
+    i: usize,
+) -> Option<tokio::sync::oneshot::Receiver<bool>> {
     let op = Arc::new(Op::Acquire {
         stamped: false,
         keys: Arc::clone(&held.keys),
@@ -901,7 +1012,7 @@ fn repair<B: Backend>(backend: &Arc<B>, node_timeout: Duration, held: &Arc<Held>
     // after `max_hold` fired (test `renewal_attacks::no_key_is_put_back_after_max_hold`).
     let done = held.done.lock().unwrap_or_else(PoisonError::into_inner);
     if *done || held.lost.is_cancelled() {
-        return;
+        return None;
     }
     // A lock taken with the caller's token bounds its release's deletes by the nodes' clocks:
     // its release waits for the put-back's answer, which has the node's clock (see
@@ -910,39 +1021,39 @@ fn repair<B: Backend>(backend: &Arc<B>, node_timeout: Duration, held: &Arc<Held>
         .granted
         .clone()
         .filter(crate::engine::Granted::own_token);
-    for &i in nodes {
-        if let Some(g) = &own_token {
-            g.repair_sent(i, Instant::now() + node_timeout + engine::DELIVERY_GRACE);
-        }
-        let call = engine::handed_over(backend.call(i, Arc::clone(&op)));
-        let node = backend.name(i).clone();
-        let own_token = own_token.clone();
-        tokio::spawn(async move {
-            let answer = tokio::time::timeout(node_timeout + engine::DELIVERY_GRACE, call).await;
-            let heard = match &answer {
-                Ok(Ok(crate::backend::Reply::Yes { at_us, .. })) => {
-                    tracing::debug!(%node, "renewal put back keys the node had lost");
-                    Some(Ok(*at_us))
-                }
-                Ok(Ok(_)) => {
-                    tracing::debug!(%node, "keys lost by the node are held by another owner there");
-                    Some(Err(()))
-                }
-                Ok(Err(e)) => {
-                    tracing::debug!(%node, error = %e, "repair not done");
-                    None
-                }
-                Err(_) => {
-                    tracing::debug!(%node, "repair timed out");
-                    None
-                }
-            };
-            if let Some(g) = own_token {
-                g.repair_done(i, heard);
-            }
-        });
+    if let Some(g) = &own_token {
+        g.repair_sent(i, Instant::now() + node_timeout + engine::DELIVERY_GRACE);
     }
+    let call = engine::handed_over(backend.call(i, op));
     drop(done);
+    let node = backend.name(i).clone();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let answer = tokio::time::timeout(node_timeout + engine::DELIVERY_GRACE, call).await;
+        let heard = match &answer {
+            Ok(Ok(crate::backend::Reply::Yes { at_us, .. })) => {
+                tracing::debug!(%node, "renewal put back keys the node had lost");
+                Some(Ok(*at_us))
+            }
+            Ok(Ok(_)) => {
+                tracing::debug!(%node, "keys lost by the node are held by another owner there");
+                Some(Err(()))
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(%node, error = %e, "repair not done");
+                None
+            }
+            Err(_) => {
+                tracing::debug!(%node, "repair timed out");
+                None
+            }
+        };
+        if let Some(g) = own_token {
+            g.repair_done(i, heard);
+        }
+        let _ = tx.send(matches!(heard, Some(Ok(_))));
+    });
+    Some(rx)
 }
 
 #[cfg(test)]
