@@ -1225,6 +1225,14 @@ impl Granted {
         spared
     }
 
+    /// Whether node `i` granted the acquire (so far: its answer may still be on the way).
+    pub(crate) fn confirmed(&self, i: usize) -> bool {
+        lock(&self.0)
+            .slots
+            .get(i)
+            .is_some_and(|s| s.outcome == NodeOutcome::Confirmed)
+    }
+
     /// The nodes that refused so far (their answers may still be on the way), in node order;
     /// no allocation when none did.
     pub(crate) fn refused(&self) -> Vec<usize> {

@@ -406,32 +406,29 @@ async fn a_grant_dropped_by_a_partition_is_put_back_while_another_node_hangs() {
     hang_node_2_and_partition_node_1("dropped-grant", Duration::from_millis(300)).await;
 }
 
-/// One node lost the lock's key (a restart without its data, an eviction; or, as in the test
-/// above, the grant still on its way through the proxy when the partition dropped it) while
-/// another hangs: the renewal's answer from the node that lost the key was final for
-/// that node ("missing", a refusal), the round waited for the hung node until the validity ran
-/// out, and the lease was lost although two of the three nodes answered and nobody else held
-/// the key.
+/// A key deleted on a node that granted the lock, with another node hung: not put back before
+/// the quorum renewed the lock, and the lease is lost when its validity runs out. The client
+/// cannot tell a key lost (a restart without its data) from one deleted (a release by a client
+/// the lock was handed to, whose delete to the hung node is hidden): put back at once and
+/// counted as a renewal, as a first version did, it brought a released lock back (found in
+/// review).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_renewal_puts_back_the_key_a_node_lost_while_another_hangs() {
-    let (cluster, rl) = proxied(3, Duration::from_secs(5), LEASE_NODE_TIMEOUT).await;
+async fn a_key_deleted_on_a_node_that_granted_is_not_put_back_while_another_hangs() {
+    let (cluster, rl) = proxied(3, Duration::from_secs(3), LEASE_NODE_TIMEOUT).await;
     let guard = rl
-        .guard(rl.try_acquire("lost-and-hung").await.expect("granted"))
+        .guard(rl.try_acquire("deleted-and-hung").await.expect("granted"))
         .unwrap();
-    let key = format!("{}lock:lost-and-hung", redlock::DEFAULT_KEY_PREFIX);
+    let key = format!("{}lock:deleted-and-hung", redlock::DEFAULT_KEY_PREFIX);
     common::del(&cluster, 1, &key).await;
     cluster.node(2).pause();
-    // The first renewal is due 1.1–1.7 s after the grant; the validity ends after 4.95 s.
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    let lost = guard.reason();
+    let reason = tokio::time::timeout(Duration::from_secs(5), guard.lost()).await;
     let on_node_1 = common::get(&cluster, 1, &key).await;
     cluster.node(2).resume();
     assert!(
-        lost.is_none(),
-        "the guarded lock was lost although nodes 0 and 1 answered for 6 s: {lost:?}"
+        matches!(reason, Ok(LostReason::Expired)),
+        "the lease with its key deleted on node 1 and node 2 hung: {reason:?}"
     );
-    assert!(on_node_1.is_some(), "the key was not put back on node 1");
-    guard.release().await.ok();
+    assert_eq!(on_node_1, None, "the key was put back on node 1");
 }
 
 /// The keys gone from a quorum of nodes (the lock was released by another client it was handed
