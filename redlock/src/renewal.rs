@@ -685,8 +685,9 @@ impl<B: Backend> Renewer<B> {
     }
 
     /// Puts lock `j`'s keys back at once on the nodes that answered `round` that they lost
-    /// them and never granted the lock (its grant there was lost on the way: dropped by a
-    /// partition, say), if the lock is undecided, renewed on some node, lost by fewer than a
+    /// them and whose answer to the acquire was not a grant (the grant was lost on the way:
+    /// dropped by a partition, say; a grant answered late or lost with its connection may have
+    /// written all the same, a known limit in docs/leases.md), if the lock is undecided, renewed on some node, lost by fewer than a
     /// quorum, held by nobody else on any node that answered, and the round is `late` (past
     /// its budget, some node still to answer). Each counts as renewing the lock if it took the
     /// keys (they expire later than the renewal counts from). They were refusals, and with
