@@ -384,10 +384,11 @@ async fn a_database_other_than_0_needs_select() {
 }
 
 /// Connects `rl` as user "upgraded" (holding `rules`), then takes the server's native delete
-/// rule away from that user, as an upgrade that kept the last version's recipe would: returns
+/// rule away from that user on `nodes`, as an upgrade that kept the last version's recipe
+/// would: returns
 /// the rule taken (`None` for a server without a native delete).
 async fn connect_then_refuse_native(
-    cluster: &Cluster,
+    nodes: &[redlock_testkit::RedisNode],
     rl: &Redlock,
     name: &str,
     version: &str,
@@ -402,9 +403,44 @@ async fn connect_then_refuse_native(
     let native = common::native_delete(name, version);
     if let Some(rule) = native {
         let fewer: Vec<&str> = rules.iter().copied().filter(|r| *r != rule).collect();
-        set_user(cluster, "upgraded", &fewer).await;
+        set_user_on(nodes, "upgraded", &fewer).await;
     }
     native
+}
+
+/// URLs of `cluster`'s proxies, as user "upgraded".
+fn proxy_urls(cluster: &Cluster) -> Vec<String> {
+    cluster
+        .nodes()
+        .iter()
+        .map(|n| {
+            let port = n.proxy().expect("proxied").addr().port();
+            format!("redis://upgraded:{PASSWORD}@127.0.0.1:{port}")
+        })
+        .collect()
+}
+
+/// Starts `b`'s acquire of `resource` (held elsewhere) and waits until it listens for the
+/// release on every node.
+async fn subscribed_waiter(
+    cluster: &Cluster,
+    b: &Redlock,
+    resource: &'static str,
+) -> tokio::task::JoinHandle<Result<redlock::Lock, redlock::Error>> {
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.acquire(resource).await })
+    };
+    let channel = format!("redlock:release:{resource}");
+    assert!(
+        common::eventually(Duration::from_secs(2), || async {
+            common::subscribed_nodes(cluster, &channel).await >= 3
+        })
+        .await,
+        "the waiter did not subscribe"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    waiter
 }
 
 /// A user whose rules lose the server's native conditional delete while the client is
@@ -420,7 +456,7 @@ async fn a_release_falls_back_to_the_script_when_the_native_delete_is_refused() 
     let rules = common::acl_recipe(&name, &version);
     set_user(&cluster, "upgraded", &rules).await;
     let rl = client(urls(&cluster, "upgraded"), RetryPolicy::once());
-    let native = connect_then_refuse_native(&cluster, &rl, &name, &version, &rules).await;
+    let native = connect_then_refuse_native(cluster.nodes(), &rl, &name, &version, &rules).await;
     for round in 0..2 {
         let lock = rl.try_acquire("acl:native").await.expect("granted");
         let report = rl.release(lock).await;
@@ -444,16 +480,8 @@ async fn a_waiter_hears_a_release_whose_native_delete_was_refused() {
     let (name, version) = server(&cluster).await;
     let rules = common::acl_recipe(&name, &version);
     set_user(&cluster, "upgraded", &rules).await;
-    let through_proxies: Vec<String> = cluster
-        .nodes()
-        .iter()
-        .map(|n| {
-            let port = n.proxy().expect("proxied").addr().port();
-            format!("redis://upgraded:{PASSWORD}@127.0.0.1:{port}")
-        })
-        .collect();
-    let a = client(through_proxies, RetryPolicy::once());
-    let native = connect_then_refuse_native(&cluster, &a, &name, &version, &rules).await;
+    let a = client(proxy_urls(&cluster), RetryPolicy::once());
+    let native = connect_then_refuse_native(cluster.nodes(), &a, &name, &version, &rules).await;
     let resource = "acl:refused-wake";
     let lock = a.try_acquire(resource).await.expect("granted");
 
@@ -462,19 +490,7 @@ async fn a_waiter_hears_a_release_whose_native_delete_was_refused() {
         RetryPolicy::deadline(Duration::from_secs(60))
             .with_delay(Duration::from_secs(20), Duration::ZERO),
     );
-    let waiter = {
-        let b = b.clone();
-        tokio::spawn(async move { b.acquire(resource).await })
-    };
-    let channel = format!("redlock:release:{resource}");
-    assert!(
-        common::eventually(Duration::from_secs(2), || async {
-            common::subscribed_nodes(&cluster, &channel).await >= 3
-        })
-        .await,
-        "the waiter did not subscribe"
-    );
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let waiter = subscribed_waiter(&cluster, &b, resource).await;
 
     for node in cluster.nodes() {
         node.proxy()
@@ -511,28 +527,17 @@ async fn a_waiter_hears_a_release_whose_native_delete_one_node_refused() {
     let (name, version) = server(&cluster).await;
     let rules = common::acl_recipe(&name, &version);
     set_user(&cluster, "upgraded", &rules).await;
-    let through_proxies: Vec<String> = cluster
-        .nodes()
-        .iter()
-        .map(|n| {
-            let port = n.proxy().expect("proxied").addr().port();
-            format!("redis://upgraded:{PASSWORD}@127.0.0.1:{port}")
-        })
-        .collect();
-    let a = client(through_proxies, RetryPolicy::once());
-    for report in a.connect().await {
-        assert!(
-            matches!(report.outcome, NodeOutcome::Confirmed),
-            "{report:?}"
-        );
-    }
-    let native = common::native_delete(&name, &version);
+    let a = client(proxy_urls(&cluster), RetryPolicy::once());
+    // Node 0 only: as in a rolling upgrade that gave it the last version's recipe.
     let refusing = 0;
-    if let Some(rule) = native {
-        // Node 0 only: as in a rolling upgrade that gave it the last version's recipe.
-        let fewer: Vec<&str> = rules.iter().copied().filter(|r| *r != rule).collect();
-        set_user_on(&cluster.nodes()[refusing..=refusing], "upgraded", &fewer).await;
-    }
+    let native = connect_then_refuse_native(
+        &cluster.nodes()[refusing..=refusing],
+        &a,
+        &name,
+        &version,
+        &rules,
+    )
+    .await;
     let resource = "acl:one-refused-wake";
     let lock = a.try_acquire(resource).await.expect("granted");
 
@@ -547,19 +552,7 @@ async fn a_waiter_hears_a_release_whose_native_delete_one_node_refused() {
         )
         .build()
         .unwrap();
-    let waiter = {
-        let b = b.clone();
-        tokio::spawn(async move { b.acquire(resource).await })
-    };
-    let channel = format!("redlock:release:{resource}");
-    assert!(
-        common::eventually(Duration::from_secs(2), || async {
-            common::subscribed_nodes(&cluster, &channel).await >= 3
-        })
-        .await,
-        "the waiter did not subscribe"
-    );
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let waiter = subscribed_waiter(&cluster, &b, resource).await;
 
     for (i, node) in cluster.nodes().iter().enumerate() {
         if i != refusing {

@@ -719,12 +719,7 @@ enum FirstNode {
 }
 
 async fn local_waiter_after_a_release_the_first_node_cannot_publish(fault: FirstNode) {
-    let cluster = Cluster::builder()
-        .nodes(3)
-        .proxied(true)
-        .start()
-        .await
-        .unwrap();
+    let cluster = common::proxied(3).await;
     let rl = Redlock::builder()
         .nodes(cluster.urls())
         .ttl(Duration::from_secs(30))
