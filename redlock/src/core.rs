@@ -597,7 +597,8 @@ impl<B: Backend> Core<B> {
     ) -> Result<Lock, Error> {
         self.usable()?;
         let ttl = terms.ttl;
-        let started = Instant::now();
+        let clocks = Deadline::clocks();
+        let started = clocks.0;
         // An attempt racing other clients' waiters goes through one node first, so that the
         // racers do not split the votes (see `engine::first_node`).
         let first = (racing && self.config.race_via_first_node)
@@ -680,7 +681,7 @@ impl<B: Backend> Core<B> {
             token,
             ttl,
             min_validity: terms.min_validity,
-            valid_until: Deadline::after(started, valid_for),
+            valid_until: Deadline::after(clocks, valid_for),
             claims,
             granted: Some(granted),
             origin: Arc::clone(&self.origin),
@@ -1293,7 +1294,8 @@ impl<B: Backend> Core<B> {
         let span = tracing::debug_span!("redlock.extend", resources = ?&*lock.resources, token = %lock.token);
         async {
             let ttl = lock.ttl;
-            let started = Instant::now();
+            let clocks = Deadline::clocks();
+            let started = clocks.0;
             let op = Arc::new(Op::Extend {
                 keys: Arc::clone(&lock.keys),
                 token: lock.token.clone(),
@@ -1320,7 +1322,7 @@ impl<B: Backend> Core<B> {
                         "extend failed; lock left as it was"
                     );
                 })?;
-            lock.valid_until = Deadline::after(started, valid_for);
+            lock.valid_until = Deadline::after(clocks, valid_for);
             Ok(())
         }
         .instrument(span)

@@ -2,6 +2,7 @@
 //! that keeps them alive is in `renewal.rs`.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -35,9 +36,20 @@ pub(crate) struct Held {
     pub(crate) hold_until: Instant,
     pub(crate) lost: CancellationToken,
     pub(crate) reason: OnceLock<LostReason>,
+    /// The nodes known to have held the keys since the acquire, one bit per node (see
+    /// [`Held::held_on`]).
+    pub(crate) held_on: AtomicU64,
     /// Set when the guard is released or dropped. Held while a renewal hands over a repair,
     /// so a repair is either sent before the release or not at all.
     pub(crate) done: Mutex<bool>,
+}
+
+/// Node `i`'s bit in [`Held::held_on`]; all bits for a node past the 64th.
+fn held_bit(i: usize) -> u64 {
+    u32::try_from(i)
+        .ok()
+        .and_then(|i| 1u64.checked_shl(i))
+        .unwrap_or(u64::MAX)
 }
 
 impl Held {
@@ -65,6 +77,45 @@ impl Held {
         false
     }
 
+    /// Moves the validity to `deadline`, a renewal's, unless the validity ran out or the lease
+    /// ended first: then answers false, and the lease is lost. A renewal decided after the
+    /// validity ran out (before the driver fired `Expired`: its timer a millisecond late, its
+    /// task behind another) may count keys put back after then, which say nothing of the time
+    /// between, when another client could have taken the lock; whether the lease survived
+    /// used to depend on which of the two came first (test `a_renewal_decided_after_the_
+    /// validity_ran_out_does_not_revive_the_lease`, found in review). Checked under the
+    /// validity's lock, as [`Held::fire`] sets it.
+    pub(crate) fn renewed(&self, deadline: Deadline) -> bool {
+        let mut valid_until = self
+            .valid_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if self.reason.get().is_some() || valid_until.passed() {
+            return false;
+        }
+        *valid_until = deadline;
+        true
+    }
+
+    /// Node `i` may hold the lock's keys from now on: it answered a renewal that it holds them,
+    /// or a put-back of them was sent there (which may have written them, answered or not).
+    pub(crate) fn held_on(&self, i: usize) {
+        let bit = held_bit(i);
+        if self.held_on.load(Ordering::Relaxed) & bit != bit {
+            self.held_on.fetch_or(bit, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether node `i` may have held the lock's keys at some point: it granted the acquire,
+    /// answered a renewal that it holds them, or was sent a put-back (see [`Held::held_on`]).
+    /// A node past the 64th counts as having held them.
+    pub(crate) fn may_have_held_on(&self, i: usize) -> bool {
+        let bit = held_bit(i);
+        bit == u64::MAX
+            || self.held_on.load(Ordering::Relaxed) & bit != 0
+            || self.granted.as_ref().is_some_and(|g| g.confirmed(i))
+    }
+
     /// Records the first reason and fires the signal (later reasons are ignored). The first
     /// reason ends the lease: it is logged and counted then, once.
     pub(crate) fn fire(&self, reason: LostReason) {
@@ -85,7 +136,7 @@ impl Held {
                 .unwrap_or_else(PoisonError::into_inner);
             let first = self.reason.set(reason).is_ok();
             if !valid_until.passed() {
-                *valid_until = Deadline::after(Instant::now(), Duration::ZERO);
+                *valid_until = Deadline::after(Deadline::clocks(), Duration::ZERO);
             }
             first
         };
@@ -333,4 +384,53 @@ pub(crate) trait Releaser: Send + Sync + 'static {
         &self,
         held: Arc<Held>,
     ) -> futures_util::future::BoxFuture<'_, Result<ReleaseReport, Error>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A lease of one key, valid until `valid_until`, as the renewal driver holds it.
+    fn held(valid_until: Deadline) -> Held {
+        let now = Instant::now();
+        Held {
+            id: 1,
+            resources: Arc::from(vec!["r".to_owned()]),
+            keys: Arc::from(vec!["lock:r".to_owned()]),
+            token: Token::random().expect("entropy"),
+            ttl: Duration::from_secs(10),
+            min_validity: Duration::ZERO,
+            origin: Arc::from("test"),
+            granted: None,
+            since: now,
+            every: Duration::from_secs(3),
+            claims: Vec::new(),
+            valid_until: Mutex::new(valid_until),
+            hold_until: now + Duration::from_secs(3600),
+            lost: CancellationToken::new(),
+            reason: OnceLock::new(),
+            held_on: AtomicU64::new(0),
+            done: Mutex::new(false),
+        }
+    }
+
+    /// A renewal decided after the lease's validity ran out, before the driver fired `Expired`
+    /// (its timer a millisecond late, its task behind another): the lease stays lost. Its
+    /// decision may count keys a renewal put back after the validity ran out, which say nothing
+    /// of the time between — when another client could have taken the lock.
+    #[test]
+    fn a_renewal_decided_after_the_validity_ran_out_does_not_revive_the_lease() {
+        let started = Deadline::clocks();
+        let lease = held(Deadline::after(started, Duration::ZERO));
+        let renewal = Deadline::after(started, Duration::from_secs(9));
+        assert!(
+            !lease.renewed(renewal),
+            "a lease past its validity was renewed"
+        );
+        assert!(lease.valid_until().passed());
+
+        let lease = held(Deadline::after(started, Duration::from_secs(5)));
+        assert!(lease.renewed(renewal));
+        assert_eq!(lease.valid_until(), renewal);
+    }
 }

@@ -25,10 +25,14 @@ pub(crate) struct Deadline {
 }
 
 impl Deadline {
-    /// `left` after `start` (a monotonic instant, usually in the past).
-    pub(crate) fn after(start: Instant, left: Duration) -> Self {
-        let mono = start + left;
-        let boot = boot_now().map(|b| b + mono.saturating_duration_since(Instant::now()));
+    /// `left` after `start` (both clocks read at once by [`Deadline::clocks`], usually in the
+    /// past).
+    pub(crate) fn after(start: (Instant, Option<Duration>), left: Duration) -> Self {
+        // On the boot clock from its own reading at `start`: a suspend since then (the answers
+        // read after the machine woke up) counts against the validity, the keys expired on the
+        // nodes meanwhile (test `a_suspend_before_the_deadline_is_made_counts_against_it`).
+        let mono = start.0 + left;
+        let boot = start.1.map(|b| b + left);
         Self { mono, boot }
     }
 
@@ -308,13 +312,24 @@ mod tests {
 
     #[test]
     fn a_suspend_counts_against_validity() {
-        let start = Instant::now();
-        let d = Deadline::after(start, Duration::from_secs(10));
+        let d = Deadline::after(Deadline::clocks(), Duration::from_secs(10));
         assert!(d.remaining() > Duration::from_secs(9));
         // The machine sleeps 20 s: the monotonic clock stands still, the keys expire.
         suspend::suspend(Duration::from_secs(20));
         assert_eq!(d.remaining(), Duration::ZERO);
         assert!(d.passed());
         assert!(d.instant() <= Instant::now());
+    }
+
+    /// A suspend between the start of a phase and its decision (the answers read after the
+    /// machine woke up) counts against the validity as one after it does: the keys expired on
+    /// the nodes meanwhile. Counted from the boot clock read when the deadline was made, a
+    /// renewal round over a suspend gave the lock its whole validity again (found in review).
+    #[test]
+    fn a_suspend_before_the_deadline_is_made_counts_against_it() {
+        let start = Deadline::clocks();
+        suspend::suspend(Duration::from_secs(20));
+        let d = Deadline::after(start, Duration::from_secs(10));
+        assert!(d.passed(), "{:?} left after a 20 s suspend", d.remaining());
     }
 }

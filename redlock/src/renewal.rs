@@ -281,6 +281,7 @@ impl<B: Backend> Renewer<B> {
             hold_until: crate::lock::far_after(now, self.config.max_hold),
             lost: CancellationToken::new(),
             reason: OnceLock::new(),
+            held_on: std::sync::atomic::AtomicU64::new(0),
             done: Mutex::new(false),
         });
         let (start, wake) = {
@@ -492,8 +493,8 @@ impl<B: Backend> Renewer<B> {
     }
 
     async fn renew_batch(&self, chunk: &[Arc<Held>]) {
-        let started = Instant::now();
         let (now, boot) = Deadline::clocks();
+        let started = now;
         telemetry::renewal_started(
             chunk
                 .iter()
@@ -556,6 +557,7 @@ impl<B: Backend> Renewer<B> {
         let mut pending = n;
         let mut round = Round {
             started,
+            started_boot: boot,
             outcomes: vec![vec![NodeOutcome::Pending; n]; m],
             missing: vec![Vec::new(); m],
             lost_by: vec![0; m],
@@ -594,7 +596,7 @@ impl<B: Backend> Renewer<B> {
                     if round.settled[j] || round.decided[j].is_some() {
                         continue;
                     }
-                    if let Some(ok) = engine::verdict(round.yes[j], pending + round.putting_back[j], quorum) {
+                    if let Some(ok) = engine::verdict(round.yes[j], round.outstanding(j, pending, quorum), quorum) {
                         round.decided[j] = Some((ok, started.elapsed()));
                         undecided -= 1;
                         self.settle_all(&mut round, chunk, vec![j]);
@@ -612,6 +614,11 @@ impl<B: Backend> Renewer<B> {
                 // panicked: test `renewal_attacks::locks_decided_on_different_answers_of_a_
                 // round_are_all_renewed`); a node telling that it lost the keys of a lock
                 // renewed at its quorum gets them put back.
+                if let Ok(Ok(v)) = answer
+                    && matches!(v.get(j), Some(Renewed::Extended))
+                {
+                    held.held_on(i);
+                }
                 if round.settled[j] {
                     if let Ok(Ok(v)) = answer
                         && matches!(v.get(j), Some(Renewed::Missing))
@@ -641,7 +648,7 @@ impl<B: Backend> Renewer<B> {
                 self.put_back_early(&mut round, (j, held), late, &mut putting_back);
                 if round.decided[j].is_none()
                     && let Some(ok) =
-                        engine::verdict(round.yes[j], pending + round.putting_back[j], quorum)
+                        engine::verdict(round.yes[j], round.outstanding(j, pending, quorum), quorum)
                 {
                     round.decided[j] = Some((ok, started.elapsed()));
                     undecided -= 1;
@@ -657,26 +664,30 @@ impl<B: Backend> Renewer<B> {
         let unsettled: Vec<usize> = (0..m).filter(|&j| !round.settled[j]).collect();
         self.settle_all(&mut round, chunk, unsettled);
         telemetry::renewal_outcomes(round.renewed, chunk.len() as u64 - round.renewed);
-        if !calls.is_empty() && round.renewed_at.contains(&true) {
+        if !calls.is_empty() {
             // The node that lost keys is often the last to answer (a new connection, an empty
-            // script cache): its answers, each bounded by the batch budget, are read on.
+            // script cache): its answers, each bounded by the batch budget, are read on — to
+            // put the keys back of the locks renewed at their quorum, and to note where the
+            // keys are held (see `put_back_early`).
             let backend = Arc::clone(&self.backend);
             let node_timeout = self.config.node_timeout;
-            let repairable: Vec<(usize, Arc<Held>)> = round
-                .renewed_at
+            let late: Vec<(Arc<Held>, bool)> = chunk
                 .iter()
-                .enumerate()
-                .filter(|&(_, &renewed)| renewed)
-                .map(|(j, _)| (j, Arc::clone(&chunk[j])))
+                .zip(&round.renewed_at)
+                .map(|(held, &renewed)| (Arc::clone(held), renewed))
                 .collect();
             tokio::spawn(async move {
                 while let Some((i, answer, _)) = calls.next().await {
                     let Ok(Ok(renewed)) = &answer else {
                         continue;
                     };
-                    for (j, held) in &repairable {
-                        if matches!(renewed.get(*j), Some(Renewed::Missing)) {
-                            repair(&backend, node_timeout, held, &[i]);
+                    for (j, (held, repairable)) in late.iter().enumerate() {
+                        match renewed.get(j) {
+                            Some(Renewed::Extended) => held.held_on(i),
+                            Some(Renewed::Missing) if *repairable => {
+                                repair(&backend, node_timeout, held, &[i]);
+                            }
+                            _ => {}
                         }
                     }
                 }
@@ -685,23 +696,28 @@ impl<B: Backend> Renewer<B> {
     }
 
     /// Puts lock `j`'s keys back at once on the nodes that answered `round` that they lost
-    /// them and whose answer to the acquire was not a grant (the grant was lost on the way:
-    /// dropped by a partition, say; a grant answered late or lost with its connection may have
-    /// written all the same, a known limit in docs/leases.md), if the lock is undecided, renewed on some node, lost by fewer than a
-    /// quorum, held by nobody else on any node that answered, and the round is `late` (past
-    /// its budget, some node still to answer). Each counts as renewing the lock if it took the
-    /// keys (they expire later than the renewal counts from). They were refusals, and with
-    /// another node hung the round waited for that one until the validity ran out: the lease
-    /// was lost although a quorum answered and nobody else held the keys (test `leases::a_
-    /// grant_dropped_by_a_partition_is_put_back_while_another_node_hangs`, what CI showed).
-    /// Not on a node that granted the lock: its keys may have been deleted (a release by a
-    /// client the lock was handed to, or taken away) rather than lost, and a put-back counted
-    /// as a renewal brought a released lock back while a hung node hid the delete there (found
-    /// in review). Nor with the keys gone from a quorum (`leases::a_renewal_that_finds_the_
-    /// keys_gone_from_a_quorum_puts_nothing_back`), nor before the budget: a round answered in
-    /// time is decided as before (put back before it was, on a node whose delete came first
-    /// while the deletes reached the nodes one after another, the key kept the lock alive:
-    /// `run_lost::a_started_process_whose_main_thread_exited_is_stopped_too`, in the lanes).
+    /// them and never held them as far as the client knows (see [`Held::may_have_held_on`]: the
+    /// acquire's grant there was lost on the way — dropped by a partition, say — and no
+    /// renewal or put-back reached it since), if the lock is undecided, renewed on some node,
+    /// lost by fewer than a quorum, held by nobody else on any node that answered, and the
+    /// round is `late` (past its budget, some node still to answer). Each counts as renewing
+    /// the lock if it took the keys while it still can (see [`Round::can_count`]; they expire
+    /// later than the renewal counts from). They were refusals, and with another node hung the
+    /// round waited for that one until the validity ran out: the lease was lost although a
+    /// quorum answered and nobody else held the keys (test `leases::a_grant_dropped_by_a_
+    /// partition_is_put_back_while_another_node_hangs`, what CI showed).
+    ///
+    /// Not on a node that may have held the keys: they may have been deleted there (a release
+    /// by a client the lock was handed to, or taken away) rather than lost, and a put-back
+    /// counted as a renewal brought a released lock back while a hung node hid the delete
+    /// (found in review; `leases::a_key_deleted_on_a_node_that_granted_is_not_put_back_while_
+    /// another_hangs`, `…a_renewal_repaired…`). A grant answered late or lost with its
+    /// connection may have written all the same, a known limit in docs/leases.md. Nor with the
+    /// keys gone from a quorum (`leases::a_renewal_that_finds_the_keys_gone_from_a_quorum_puts_
+    /// nothing_back`), nor before the budget: a round answered in time is decided as before
+    /// (put back before it was, on a node whose delete came first while the deletes reached
+    /// the nodes one after another, the key kept the lock alive: `run_lost::a_started_process_
+    /// whose_main_thread_exited_is_stopped_too`, in the lanes).
     fn put_back_early(
         &self,
         round: &mut Round,
@@ -713,27 +729,22 @@ impl<B: Backend> Renewer<B> {
         if !late
             || round.decided[j].is_some()
             || round.yes[j] == 0
-            || round.lost_by[j] >= quorum
-            || round.taken[j] > 0
+            || !round.can_count(j, quorum)
             || round.missing[j].is_empty()
+            || held.granted.is_none()
         {
             return;
         }
-        let Some(granted) = &held.granted else {
-            return;
-        };
         for node in std::mem::take(&mut round.missing[j]) {
-            // A node that granted the lock and lost its keys since may have had them deleted
-            // (a release by a client the lock was handed to, taken away): the lock is not
-            // brought back there before its quorum renewed it.
-            if granted.confirmed(node) {
+            if held.may_have_held_on(node) {
                 round.missing[j].push(node);
                 continue;
             }
             match put_back(&self.backend, self.config.node_timeout, held, node) {
                 Some(took) => {
+                    // Its outcome stays the refusal it answered until the put-back counts: a
+                    // round decided without it judges that answer.
                     round.putting_back[j] += 1;
-                    round.outcomes[j][node] = NodeOutcome::Pending;
                     putting_back.push(Box::pin(
                         async move { (node, j, took.await.unwrap_or(false)) },
                     ));
@@ -793,11 +804,12 @@ impl<B: Backend> Renewer<B> {
         let next_round = started + tick(held.every) + Duration::from_nanos(1);
         match result {
             Ok(valid_for) => {
-                let deadline = Deadline::after(started, valid_for);
-                *held
-                    .valid_until
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = deadline;
+                let deadline = Deadline::after((started, round.started_boot), valid_for);
+                if !held.renewed(deadline) {
+                    held.fire(LostReason::Expired);
+                    self.renewals.remove(held.id);
+                    return None;
+                }
                 let most = renewed_validity(held.ttl, self.config.drift_factor);
                 let due = due_at(&deadline, most, held.every, now).max(next_round);
                 repair(&self.backend, self.config.node_timeout, held, &missing);
@@ -857,6 +869,8 @@ type PutBack = std::pin::Pin<Box<dyn std::future::Future<Output = (usize, usize,
 
 struct Round {
     started: Instant,
+    /// The boot clock read with `started` (see [`Deadline::clocks`]).
+    started_boot: Option<Duration>,
     /// Each node's outcome.
     outcomes: Vec<Vec<NodeOutcome>>,
     /// The nodes that answered that they lost the lock's keys.
@@ -884,20 +898,37 @@ struct Round {
 
 impl Round {
     /// Node `i`'s put-back of lock `j`'s keys answered: it renews the lock there if the node
-    /// `took` them and fewer than a `quorum` of nodes lost them (see `Renewer::renew_batch`),
-    /// else the node refused.
+    /// `took` them and it still can count (see [`Round::can_count`]); else the node's answer
+    /// stays the refusal it was.
     fn put_back(&mut self, j: usize, i: usize, took: bool, quorum: usize) {
         self.putting_back[j] -= 1;
         if self.settled[j] {
             return;
         }
-        let took = took && self.lost_by[j] < quorum;
-        self.yes[j] += usize::from(took);
-        self.outcomes[j][i] = if took {
-            NodeOutcome::Confirmed
+        if took && self.can_count(j, quorum) {
+            self.yes[j] += 1;
+            self.outcomes[j][i] = NodeOutcome::Confirmed;
+        }
+    }
+
+    /// Whether a put-back of lock `j`'s keys can still count as renewing it: fewer than a
+    /// `quorum` of nodes lost the keys and none said another owner holds them, also among the
+    /// answers that came after it was sent (an answer of another owner used to be overlooked
+    /// then, and the lock renewed: test `leases::another_owner_answering_after_a_put_back_was_
+    /// sent_loses_the_lease`, found in review).
+    fn can_count(&self, j: usize, quorum: usize) -> bool {
+        self.lost_by[j] < quorum && self.taken[j] == 0
+    }
+
+    /// The answers lock `j` may still get: `pending` nodes, and its put-backs under way while
+    /// they can still count. One that can no longer count used to keep the round undecided
+    /// until it answered, up to the node timeout and a second.
+    fn outstanding(&self, j: usize, pending: usize, quorum: usize) -> usize {
+        if self.can_count(j, quorum) {
+            pending + self.putting_back[j]
         } else {
-            NodeOutcome::Refused
-        };
+            pending
+        }
     }
 
     /// Node `i` answered, after lock `j` was renewed at its quorum, that it lost the lock's
@@ -1047,6 +1078,7 @@ fn put_back<B: Backend>(
     if let Some(g) = &own_token {
         g.repair_sent(i, Instant::now() + node_timeout + engine::DELIVERY_GRACE);
     }
+    held.held_on(i);
     let call = engine::handed_over(backend.call(i, op));
     drop(done);
     let node = backend.name(i).clone();
@@ -1100,14 +1132,14 @@ mod tests {
         for _ in 0..1000 {
             // A lock with all the validity a renewal leaves is due about `every` from now,
             // never late.
-            let fresh = Deadline::after(now, renewed);
+            let fresh = Deadline::after((now, None), renewed);
             let at = due_at(&fresh, renewed, every, now);
             assert!(
                 at > now + Duration::from_millis(790) && at <= now + every,
                 "{at:?}"
             );
             // A lock with less than `renewed − every` left is due at once.
-            let late = Deadline::after(now, Duration::from_millis(700));
+            let late = Deadline::after((now, None), Duration::from_millis(700));
             assert_eq!(due_at(&late, renewed, every, now), now);
         }
     }
@@ -1119,7 +1151,7 @@ mod tests {
         for factor in [0.0, 0.01, 0.2, 0.4, 0.49] {
             let (every, _) = cadence(ttl, factor, None);
             let renewed = renewed_validity(ttl, factor);
-            let at = due_at(&Deadline::after(now, renewed), renewed, every, now);
+            let at = due_at(&Deadline::after((now, None), renewed), renewed, every, now);
             assert!(
                 at >= now + every.mul_f64(0.79) && at <= now + every,
                 "drift factor {factor}: due {:?} after a renewal, every {every:?}",
