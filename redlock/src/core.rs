@@ -1323,6 +1323,15 @@ impl<B: Backend> Core<B> {
                     );
                 })?;
             lock.valid_until = Deadline::after(clocks, valid_for);
+            // The nodes that extended it hold the keys: a renewal of the lock guarded later
+            // does not put them back there early (see `Granted::may_have_held`).
+            if let Some(granted) = &lock.granted {
+                for (i, outcome) in d.outcomes.iter().enumerate() {
+                    if *outcome == NodeOutcome::Confirmed {
+                        granted.held_on(i);
+                    }
+                }
+            }
             Ok(())
         }
         .instrument(span)

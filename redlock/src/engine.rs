@@ -345,6 +345,14 @@ struct State {
     /// token; see [`Reach`]): its cleanup, and the release of the lock it became, spare a node
     /// none of them reached.
     reach: Option<Reach>,
+    /// Nodes a renewal or an extension found the lock's keys on, or a put-back was sent to,
+    /// after the acquire: one bit per node, for the 64 first (see [`Granted::may_have_held`]).
+    held_on: u64,
+}
+
+/// Node `i`'s bit in a mask of nodes; `None` past the 64th.
+pub(crate) fn node_bit(i: usize) -> Option<u64> {
+    u32::try_from(i).ok().and_then(|i| 1u64.checked_shl(i))
 }
 
 impl State {
@@ -384,6 +392,7 @@ impl State {
             unfollowed: false,
             own_token,
             reach,
+            held_on: 0,
         }
     }
 
@@ -1225,12 +1234,25 @@ impl Granted {
         spared
     }
 
-    /// Whether node `i` granted the acquire (so far: its answer may still be on the way).
-    pub(crate) fn confirmed(&self, i: usize) -> bool {
-        lock(&self.0)
-            .slots
-            .get(i)
-            .is_some_and(|s| s.outcome == NodeOutcome::Confirmed)
+    /// Node `i` may hold the lock's keys from now on: a renewal or an extension found them
+    /// there, or a put-back was sent there (which may have written them, answered or not).
+    pub(crate) fn held_on(&self, i: usize) {
+        if let Some(bit) = node_bit(i) {
+            lock(&self.0).held_on |= bit;
+        }
+    }
+
+    /// Whether node `i` may have held the lock's keys at some point: it granted the acquire (so
+    /// far: its answer may still be on the way), or was marked by [`Granted::held_on`]. A node past the 64th counts as having held them.
+    /// Kept with the lock, not its guard: a lock guarded again after `stop_renewal` keeps what
+    /// the first guard's renewals learnt.
+    pub(crate) fn may_have_held(&self, i: usize) -> bool {
+        let st = lock(&self.0);
+        node_bit(i).is_none_or(|bit| st.held_on & bit != 0)
+            || st
+                .slots
+                .get(i)
+                .is_some_and(|s| s.outcome == NodeOutcome::Confirmed)
     }
 
     /// The nodes that refused so far (their answers may still be on the way), in node order;

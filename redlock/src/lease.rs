@@ -36,20 +36,21 @@ pub(crate) struct Held {
     pub(crate) hold_until: Instant,
     pub(crate) lost: CancellationToken,
     pub(crate) reason: OnceLock<LostReason>,
-    /// The nodes known to have held the keys since the acquire, one bit per node (see
-    /// [`Held::held_on`]).
+    /// The nodes this lease marked with [`Held::held_on`], one bit per node (a cache of the
+    /// lock's record, which lives in `granted`).
     pub(crate) held_on: AtomicU64,
     /// Set when the guard is released or dropped. Held while a renewal hands over a repair,
     /// so a repair is either sent before the release or not at all.
     pub(crate) done: Mutex<bool>,
 }
 
-/// Node `i`'s bit in [`Held::held_on`]; all bits for a node past the 64th.
-fn held_bit(i: usize) -> u64 {
-    u32::try_from(i)
-        .ok()
-        .and_then(|i| 1u64.checked_shl(i))
-        .unwrap_or(u64::MAX)
+/// Why [`Held::renewed`] did not move a lease's validity.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum NotRenewed {
+    /// The validity ran out first: the lease is lost.
+    Passed,
+    /// The lease ended first (released, stopped, lost): nothing to do.
+    Ended,
 }
 
 impl Held {
@@ -78,42 +79,49 @@ impl Held {
     }
 
     /// Moves the validity to `deadline`, a renewal's, unless the validity ran out or the lease
-    /// ended first: then answers false, and the lease is lost. A renewal decided after the
-    /// validity ran out (before the driver fired `Expired`: its timer a millisecond late, its
-    /// task behind another) may count keys put back after then, which say nothing of the time
-    /// between, when another client could have taken the lock; whether the lease survived
-    /// used to depend on which of the two came first (test `a_renewal_decided_after_the_
-    /// validity_ran_out_does_not_revive_the_lease`, found in review). Checked under the
-    /// validity's lock, as [`Held::fire`] sets it.
-    pub(crate) fn renewed(&self, deadline: Deadline) -> bool {
+    /// ended first. A renewal decided after the validity ran out (before the driver fired
+    /// `Expired`: its timer a millisecond late, its task behind another) may count keys put
+    /// back after then, which say nothing of the time between, when another client could have
+    /// taken the lock; whether the lease survived used to depend on which of the two came
+    /// first (test `a_renewal_decided_after_the_validity_ran_out_does_not_revive_the_lease`,
+    /// found in review). Checked under the validity's lock, as [`Held::fire`] sets it.
+    pub(crate) fn renewed(&self, deadline: Deadline) -> Result<(), NotRenewed> {
         let mut valid_until = self
             .valid_until
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if self.reason.get().is_some() || valid_until.passed() {
-            return false;
+        if self.reason.get().is_some() {
+            return Err(NotRenewed::Ended);
+        }
+        if valid_until.passed() {
+            return Err(NotRenewed::Passed);
         }
         *valid_until = deadline;
-        true
+        Ok(())
     }
 
-    /// Node `i` may hold the lock's keys from now on: it answered a renewal that it holds them,
-    /// or a put-back of them was sent there (which may have written them, answered or not).
+    /// Node `i` may hold the lock's keys from now on (see [`Granted::held_on`]); the lock's
+    /// record is written once per node, this lease's copy read first.
+    ///
+    /// [`Granted::held_on`]: crate::engine::Granted::held_on
     pub(crate) fn held_on(&self, i: usize) {
-        let bit = held_bit(i);
-        if self.held_on.load(Ordering::Relaxed) & bit != bit {
-            self.held_on.fetch_or(bit, Ordering::Relaxed);
+        let Some(bit) = crate::engine::node_bit(i) else {
+            return;
+        };
+        if self.held_on.load(Ordering::Relaxed) & bit == 0
+            && self.held_on.fetch_or(bit, Ordering::Relaxed) & bit == 0
+            && let Some(granted) = &self.granted
+        {
+            granted.held_on(i);
         }
     }
 
-    /// Whether node `i` may have held the lock's keys at some point: it granted the acquire,
-    /// answered a renewal that it holds them, or was sent a put-back (see [`Held::held_on`]).
-    /// A node past the 64th counts as having held them.
+    /// Whether node `i` may have held the lock's keys at some point (see
+    /// [`Granted::may_have_held`]); true when the lock has no record of its grants.
+    ///
+    /// [`Granted::may_have_held`]: crate::engine::Granted::may_have_held
     pub(crate) fn may_have_held_on(&self, i: usize) -> bool {
-        let bit = held_bit(i);
-        bit == u64::MAX
-            || self.held_on.load(Ordering::Relaxed) & bit != 0
-            || self.granted.as_ref().is_some_and(|g| g.confirmed(i))
+        self.granted.as_ref().is_none_or(|g| g.may_have_held(i))
     }
 
     /// Records the first reason and fires the signal (later reasons are ignored). The first
@@ -423,14 +431,25 @@ mod tests {
         let started = Deadline::clocks();
         let lease = held(Deadline::after(started, Duration::ZERO));
         let renewal = Deadline::after(started, Duration::from_secs(9));
-        assert!(
-            !lease.renewed(renewal),
-            "a lease past its validity was renewed"
-        );
+        assert_eq!(lease.renewed(renewal), Err(NotRenewed::Passed));
         assert!(lease.valid_until().passed());
 
         let lease = held(Deadline::after(started, Duration::from_secs(5)));
-        assert!(lease.renewed(renewal));
+        assert_eq!(lease.renewed(renewal), Ok(()));
         assert_eq!(lease.valid_until(), renewal);
+    }
+
+    /// A lease its holder stopped keeps the validity it had: a renewal settling after that
+    /// changes nothing, and does not end it as expired (a first version fired `Expired` then,
+    /// which zeroed the validity of the lock `stop_renewal` had handed back; found in review).
+    #[test]
+    fn a_renewal_settling_after_stop_renewal_leaves_the_validity() {
+        let started = Deadline::clocks();
+        let before = Deadline::after(started, Duration::from_secs(5));
+        let lease = held(before);
+        lease.fire(LostReason::RenewalStopped);
+        let renewal = Deadline::after(started, Duration::from_secs(9));
+        assert_eq!(lease.renewed(renewal), Err(NotRenewed::Ended));
+        assert_eq!(lease.valid_until(), before);
     }
 }

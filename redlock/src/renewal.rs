@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::det::HashMap;
 use crate::engine::{self, Decision, Judge};
 use crate::error::{Error, LostReason, NodeError, NodeOutcome, Phase};
-use crate::lease::Held;
+use crate::lease::{Held, NotRenewed};
 use crate::lock::{self, Deadline, Lock};
 use crate::telemetry;
 
@@ -563,6 +563,7 @@ impl<B: Backend> Renewer<B> {
             lost_by: vec![0; m],
             taken: vec![0; m],
             putting_back: vec![0; m],
+            put_back_on: vec![Vec::new(); m],
             yes: vec![0; m],
             decided: vec![None; m],
             settled: vec![false; m],
@@ -645,6 +646,7 @@ impl<B: Backend> Renewer<B> {
                 };
                 round.yes[j] += usize::from(outcome == NodeOutcome::Confirmed);
                 round.outcomes[j][i] = outcome;
+                round.withdraw_put_backs(j, quorum);
                 self.put_back_early(&mut round, (j, held), late, &mut putting_back);
                 if round.decided[j].is_none()
                     && let Some(ok) =
@@ -791,8 +793,8 @@ impl<B: Backend> Renewer<B> {
         let result = Judge::new(Phase::Extend, &held.resources, held.ttl, &self.config)
             .min_validity(held.min_validity)
             .judge(&decision, &*self.backend, elapsed);
-        round.renewed += u64::from(result.is_ok());
         if held.is_done() || held.lost.is_cancelled() {
+            round.renewed += u64::from(result.is_ok());
             return None;
         }
         // No lock's next round comes sooner than one tick of its interval after this round
@@ -805,10 +807,14 @@ impl<B: Backend> Renewer<B> {
         match result {
             Ok(valid_for) => {
                 let deadline = Deadline::after((started, round.started_boot), valid_for);
-                if !held.renewed(deadline) {
-                    held.fire(LostReason::Expired);
-                    self.renewals.remove(held.id);
-                    return None;
+                match held.renewed(deadline) {
+                    Ok(()) => round.renewed += 1,
+                    Err(NotRenewed::Passed) => {
+                        held.fire(LostReason::Expired);
+                        self.renewals.remove(held.id);
+                        return None;
+                    }
+                    Err(NotRenewed::Ended) => return None,
                 }
                 let most = renewed_validity(held.ttl, self.config.drift_factor);
                 let due = due_at(&deadline, most, held.every, now).max(next_round);
@@ -884,6 +890,8 @@ struct Round {
     /// Per lock of the batch: put-backs of its keys under way, on nodes that lost them before
     /// it was decided (each counts as a node still to answer).
     putting_back: Vec<usize>,
+    /// Per lock of the batch: the nodes whose put-back counted as renewing it.
+    put_back_on: Vec<Vec<usize>>,
     /// How many nodes confirmed.
     yes: Vec<usize>,
     /// The verdict, and when it was reached.
@@ -908,6 +916,22 @@ impl Round {
         if took && self.can_count(j, quorum) {
             self.yes[j] += 1;
             self.outcomes[j][i] = NodeOutcome::Confirmed;
+            self.put_back_on[j].push(i);
+        }
+    }
+
+    /// Takes back lock `j`'s put-backs that counted once it can no longer count them (see
+    /// [`Round::can_count`]): their nodes' answers are the refusals they were. Counted for
+    /// good, a put-back made a quorum with a node renewing after a quorum had lost the keys,
+    /// and the keys were put back on every node that lost them (test `leases::a_put_back_that_
+    /// counted_stops_counting_once_a_quorum_lost_the_keys`, found in review).
+    fn withdraw_put_backs(&mut self, j: usize, quorum: usize) {
+        if self.can_count(j, quorum) || self.put_back_on[j].is_empty() {
+            return;
+        }
+        for i in std::mem::take(&mut self.put_back_on[j]) {
+            self.yes[j] -= 1;
+            self.outcomes[j][i] = NodeOutcome::Refused;
         }
     }
 
