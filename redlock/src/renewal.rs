@@ -594,11 +594,7 @@ impl<B: Backend> Renewer<B> {
                 }
                 Some((i, j, took)) = putting_back.next() => {
                     round.put_back(j, i, took, quorum);
-                    if round.settled[j] || round.decided[j].is_some() {
-                        continue;
-                    }
-                    if let Some(ok) = engine::verdict(round.yes[j], round.outstanding(j, pending, quorum), quorum) {
-                        round.decided[j] = Some((ok, started.elapsed()));
+                    if !round.settled[j] && round.decide(j, pending, quorum) {
                         undecided -= 1;
                         self.settle_all(&mut round, chunk, vec![j]);
                     }
@@ -648,11 +644,7 @@ impl<B: Backend> Renewer<B> {
                 round.outcomes[j][i] = outcome;
                 round.withdraw_put_backs(j, quorum);
                 self.put_back_early(&mut round, (j, held), late, &mut putting_back);
-                if round.decided[j].is_none()
-                    && let Some(ok) =
-                        engine::verdict(round.yes[j], round.outstanding(j, pending, quorum), quorum)
-                {
-                    round.decided[j] = Some((ok, started.elapsed()));
+                if round.decide(j, pending, quorum) {
                     undecided -= 1;
                     now_decided.push(j);
                 }
@@ -733,7 +725,6 @@ impl<B: Backend> Renewer<B> {
             || round.yes[j] == 0
             || !round.can_count(j, quorum)
             || round.missing[j].is_empty()
-            || held.granted.is_none()
         {
             return;
         }
@@ -944,15 +935,24 @@ impl Round {
         self.lost_by[j] < quorum && self.taken[j] == 0
     }
 
-    /// The answers lock `j` may still get: `pending` nodes, and its put-backs under way while
-    /// they can still count. One that can no longer count used to keep the round undecided
-    /// until it answered, up to the node timeout and a second.
-    fn outstanding(&self, j: usize, pending: usize, quorum: usize) -> usize {
-        if self.can_count(j, quorum) {
-            pending + self.putting_back[j]
-        } else {
-            pending
+    /// Decides lock `j` if it is undecided and its verdict is known, counting as still to
+    /// answer the `pending` nodes and its put-backs under way while they can still count (one
+    /// that can no longer count used to keep the round undecided until it answered, up to the
+    /// node timeout and a second). Answers whether it was decided now.
+    fn decide(&mut self, j: usize, pending: usize, quorum: usize) -> bool {
+        if self.decided[j].is_some() {
+            return false;
         }
+        let putting_back = if self.can_count(j, quorum) {
+            self.putting_back[j]
+        } else {
+            0
+        };
+        let Some(ok) = engine::verdict(self.yes[j], pending + putting_back, quorum) else {
+            return false;
+        };
+        self.decided[j] = Some((ok, self.started.elapsed()));
+        true
     }
 
     /// Node `i` answered, after lock `j` was renewed at its quorum, that it lost the lock's

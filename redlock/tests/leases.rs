@@ -487,14 +487,18 @@ async fn a_key_a_stopped_guard_repaired_is_not_put_back_by_the_next_guard() {
 
 /// Waits until a renewal put `key` back on node 1.
 async fn repaired_on_node_1(cluster: &Cluster, key: &str) {
-    let repaired = common::eventually(Duration::from_secs(3), || async {
-        common::get(cluster, 1, key).await.is_some()
-    })
-    .await;
     assert!(
-        repaired,
+        on_node_1_within(cluster, key, Duration::from_secs(3)).await,
         "the first renewal did not put the key back on node 1"
     );
+}
+
+/// Whether `key` is on node 1 within `limit`.
+async fn on_node_1_within(cluster: &Cluster, key: &str, limit: Duration) -> bool {
+    common::eventually(limit, || async {
+        common::get(cluster, 1, key).await.is_some()
+    })
+    .await
 }
 
 /// Another owner's answer that comes after an early put-back was sent: the put-back no longer
@@ -517,10 +521,7 @@ async fn another_owner_answering_after_a_put_back_was_sent_loses_the_lease() {
     );
     // The put-back was sent (and took, a known limit: its key stays until the TTL or the
     // release): the round above went through it, not around it.
-    let put_back = common::eventually(Duration::from_secs(1), || async {
-        common::get(&cluster, 1, &key).await.is_some()
-    })
-    .await;
+    let put_back = on_node_1_within(&cluster, &key, Duration::from_secs(1)).await;
     assert!(
         put_back,
         "no put-back reached node 1: the test missed its point"
