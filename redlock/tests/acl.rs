@@ -63,6 +63,20 @@ fn client(urls: Vec<String>, retry: RetryPolicy) -> Redlock {
         .unwrap()
 }
 
+/// A client for the native-refusal tests, which check what a release does and not how fast:
+/// a TTL and node timeout a loaded machine does not run past between the grant and the release
+/// (with `client`'s 600 ms and 250 ms, a CI machine once answered the release after the key had
+/// expired on one node and past the node timeout on another).
+fn roomy_client(urls: Vec<String>) -> Redlock {
+    Redlock::builder()
+        .nodes(urls)
+        .ttl(Duration::from_secs(10))
+        .node_timeout(Duration::from_secs(2))
+        .retry(RetryPolicy::once())
+        .build()
+        .unwrap()
+}
+
 /// The step of the scenario that failed, and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
@@ -455,7 +469,7 @@ async fn a_release_falls_back_to_the_script_when_the_native_delete_is_refused() 
     let (name, version) = server(&cluster).await;
     let rules = common::acl_recipe(&name, &version);
     set_user(&cluster, "upgraded", &rules).await;
-    let rl = client(urls(&cluster, "upgraded"), RetryPolicy::once());
+    let rl = roomy_client(urls(&cluster, "upgraded"));
     let native = connect_then_refuse_native(cluster.nodes(), &rl, &name, &version, &rules).await;
     for round in 0..2 {
         let lock = rl.try_acquire("acl:native").await.expect("granted");
@@ -480,7 +494,7 @@ async fn a_waiter_hears_a_release_whose_native_delete_was_refused() {
     let (name, version) = server(&cluster).await;
     let rules = common::acl_recipe(&name, &version);
     set_user(&cluster, "upgraded", &rules).await;
-    let a = client(proxy_urls(&cluster), RetryPolicy::once());
+    let a = roomy_client(proxy_urls(&cluster));
     let native = connect_then_refuse_native(cluster.nodes(), &a, &name, &version, &rules).await;
     let resource = "acl:refused-wake";
     let lock = a.try_acquire(resource).await.expect("granted");
@@ -527,7 +541,7 @@ async fn a_waiter_hears_a_release_whose_native_delete_one_node_refused() {
     let (name, version) = server(&cluster).await;
     let rules = common::acl_recipe(&name, &version);
     set_user(&cluster, "upgraded", &rules).await;
-    let a = client(proxy_urls(&cluster), RetryPolicy::once());
+    let a = roomy_client(proxy_urls(&cluster));
     // Node 0 only: as in a rolling upgrade that gave it the last version's recipe.
     let refusing = 0;
     let native = connect_then_refuse_native(
