@@ -250,6 +250,16 @@ async fn never_creates_or_deletes_keys() {
     holder.connect().await;
     waiter.connect().await;
     let lock = holder.acquire("kept").await.unwrap();
+    // The acquire returns at a quorum: its third grant may still be on its way (a lanes run
+    // took the snapshot without it, and found it after the waits).
+    assert!(
+        common::eventually(Duration::from_secs(2), || async {
+            let keys = all_keys(&cluster).await;
+            (0..3).all(|i| keys.iter().any(|(n, k, _)| *n == i && k == "redlock:lock:kept"))
+        })
+        .await,
+        "the holder's key did not reach every node"
+    );
     let before = all_keys(&cluster).await;
     waiter
         .wait_released("free", Duration::from_secs(1))
