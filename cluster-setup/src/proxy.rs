@@ -32,6 +32,8 @@ struct State {
     delay: Duration,
     jitter: Duration,
     fault: Fault,
+    /// Added to every chunk of the connections accepted while it is set, for their whole life.
+    new_delay: Duration,
 }
 
 /// A TCP proxy in front of one server, with live fault controls.
@@ -46,7 +48,11 @@ struct State {
 ///   Discarding them would corrupt the byte stream and desynchronise pipelined clients.
 /// * [`partition`](Self::partition): existing connections are reset (RST) and new ones are
 ///   reset right after `accept`.
-/// * [`heal`](Self::heal): back to a transparent proxy with no delay.
+/// * [`set_new_connection_delay`](Self::set_new_connection_delay): connections accepted from
+///   then on are slowed for their whole life, the ones already open are not — one connection
+///   of a client slow while its others are not.
+/// * [`heal`](Self::heal): back to a transparent proxy with no delay (connections accepted
+///   under a new-connection delay keep theirs).
 ///
 /// Dropping the `FaultProxy` stops the accept loop and closes every proxied connection.
 #[derive(Debug)]
@@ -109,6 +115,13 @@ impl FaultProxy {
         });
     }
 
+    /// Delays every chunk, in each direction, of the connections accepted from now on by
+    /// `delay` (on top of [`set_delay`](Self::set_delay)'s), for as long as they stay open;
+    /// connections already open are not affected, nor are these by a later change.
+    pub fn set_new_connection_delay(&self, delay: Duration) {
+        self.state.send_modify(|s| s.new_delay = delay);
+    }
+
     /// Stops forwarding in both directions while still accepting and reading.
     pub fn blackhole(&self) {
         self.state.send_modify(|s| s.fault = Fault::Blackhole);
@@ -169,6 +182,7 @@ async fn partitioned(state: &mut watch::Receiver<State>) -> bool {
 }
 
 async fn serve(mut client: TcpStream, target: SocketAddr, mut state: watch::Receiver<State>) {
+    let own_delay = state.borrow().new_delay;
     let upstream = tokio::select! {
         upstream = timeout(UPSTREAM_CONNECT_TIMEOUT, TcpStream::connect(target)) => upstream,
         _ = partitioned(&mut state) => {
@@ -189,8 +203,8 @@ async fn serve(mut client: TcpStream, target: SocketAddr, mut state: watch::Rece
         let (upstream_rd, upstream_wr) = upstream.split();
         let forward = async {
             tokio::try_join!(
-                pump(client_rd, upstream_wr, up_state),
-                pump(upstream_rd, client_wr, down_state),
+                pump(client_rd, upstream_wr, up_state, own_delay),
+                pump(upstream_rd, client_wr, down_state, own_delay),
             )
         };
         tokio::select! {
@@ -204,11 +218,17 @@ async fn serve(mut client: TcpStream, target: SocketAddr, mut state: watch::Rece
     }
 }
 
-/// Copies `rd` to `wr`, delivering each chunk at its due time.
+/// Copies `rd` to `wr`, delivering each chunk at its due time (`own_delay` later than the
+/// shared delay says).
 ///
 /// Reading and writing are decoupled by a queue so that a delay never slows down reading and
 /// chunks are delivered in order, each at `max(its own due time, previous due time)`.
-async fn pump<R, W>(mut rd: R, mut wr: W, state: watch::Receiver<State>) -> io::Result<()>
+async fn pump<R, W>(
+    mut rd: R,
+    mut wr: W,
+    state: watch::Receiver<State>,
+    own_delay: Duration,
+) -> io::Result<()>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -226,7 +246,7 @@ where
             }
             let now = Instant::now();
             let current = *read_state.borrow();
-            let due = (now + jittered(current.delay, current.jitter)).max(last_due);
+            let due = (now + own_delay + jittered(current.delay, current.jitter)).max(last_due);
             last_due = due;
             if queue_tx.send((due, buf[..n].to_vec())).is_err() {
                 return Ok(());

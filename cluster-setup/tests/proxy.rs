@@ -65,6 +65,47 @@ async fn delay_adds_to_each_direction() {
 }
 
 #[tokio::test]
+async fn a_new_connection_delay_slows_only_the_connections_opened_under_it() {
+    let cluster = proxied_node().await;
+    let proxy = cluster.node(0).proxy().unwrap();
+    let rtt = |conn: &mut MultiplexedConnection| {
+        let mut conn = conn.clone();
+        async move {
+            let started = Instant::now();
+            ping(&mut conn).await.unwrap();
+            started.elapsed()
+        }
+    };
+    let mut before = connect(&proxy.url()).await.unwrap();
+    ping(&mut before).await.unwrap();
+
+    proxy.set_new_connection_delay(Duration::from_millis(100));
+    let mut slow = connect(&proxy.url()).await.unwrap();
+    let old = rtt(&mut before).await;
+    assert!(
+        old < Duration::from_millis(190),
+        "the connection opened before: {old:?}"
+    );
+    let new = rtt(&mut slow).await;
+    assert!(
+        new >= Duration::from_millis(200),
+        "the connection opened under it: {new:?}"
+    );
+
+    // Neither a later change nor a heal takes it off the connections opened under it.
+    proxy.set_new_connection_delay(Duration::ZERO);
+    proxy.heal();
+    let mut after = connect(&proxy.url()).await.unwrap();
+    let new = rtt(&mut slow).await;
+    assert!(new >= Duration::from_millis(200), "after a heal: {new:?}");
+    let fresh = rtt(&mut after).await;
+    assert!(
+        fresh < Duration::from_millis(190),
+        "a connection opened after: {fresh:?}"
+    );
+}
+
+#[tokio::test]
 async fn jitter_preserves_order() {
     let cluster = proxied_node().await;
     let proxy = cluster.node(0).proxy().unwrap();

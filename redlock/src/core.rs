@@ -923,6 +923,18 @@ impl<B: Backend> Core<B> {
                 let first_asked = (racing && self.config.race_via_first_node)
                     .then(|| self.first_node_index(&resources[0]))
                     .flatten();
+                // Which connection of the first node listened on the lock's channel as this
+                // attempt was sent: only a refusal there after that promises the node's message
+                // of the release that deletes what it refused with (see
+                // `Interest::listened_since`).
+                let first_listened = interest
+                    .as_ref()
+                    .zip(self.first_node_index(&resources[0]))
+                    .and_then(|(i, node)| i.listening(node));
+                let first_listens = |i: &Interest| {
+                    self.first_node_index(&resources[0])
+                        .is_some_and(|node| i.listened_since(node, first_listened))
+                };
                 let attempt_started = Instant::now();
                 let result = self
                     .attempt(
@@ -1019,14 +1031,18 @@ impl<B: Backend> Core<B> {
                         // again. It is retried through the node — a quick retry, at most three
                         // per release heard — once the node's message arrived (at once if it
                         // did during the attempt), or after the split-vote backoff when the node
-                        // is not subscribed. A node that does not publish within a node timeout
-                        // is slow to: the refusal then waits for a release like any other.
+                        // is not subscribed (or only confirmed the channel after the attempt was
+                        // sent). A node that does not publish within a node timeout is slow to:
+                        // the refusal then waits for a release like any other.
                         if ahead_of_first
                             && quick_retries > 0
                             && self.first_node_refused(&err, &resources[0], None)
                         {
-                            let retry = match self.await_first_node(i, &resources[0], deadline).await
-                            {
+                            let wait = match first_listens(i) {
+                                true => self.await_first_node(i, &resources[0], deadline).await,
+                                false => NodeWait::Unheard,
+                            };
+                            let retry = match wait {
                                 NodeWait::Published | NodeWait::Arrived => true,
                                 NodeWait::Unheard => {
                                     let unit: f64 = crate::det::unit();
@@ -1174,21 +1190,23 @@ impl<B: Backend> Core<B> {
                             // the lock's key, and to publish its release; one that granted it
                             // (it missed the holder's key) or did not answer in time may never
                             // publish, nor one that may have refused with this client's own
-                            // late grant of an earlier attempt. Without the wait, an attempt
-                            // that reaches it ahead of the release's delete is retried on its
-                            // message (above).
-                            if let Some(i) = interest.as_ref() {
-                                if !first_unsettled
-                                    && self.first_node_refused(
+                            // late grant of an earlier attempt, nor one that confirmed the channel
+                            // after the attempt was sent (it may have published the release
+                            // before). Without the wait (or with none to make: the node is not
+                            // subscribed), an attempt that reaches it ahead of the release's
+                            // delete is retried on its message, or soon after (above).
+                            if let Some(i) = interest.as_ref()
+                                && (first_unsettled
+                                    || !first_listens(i)
+                                    || !self.first_node_refused(
                                         &err,
                                         &resources[0],
                                         unanswered.get(this_attempt),
                                     )
-                                {
-                                    self.await_first_node(i, &resources[0], deadline).await;
-                                } else {
-                                    first_skipped = true;
-                                }
+                                    || self.await_first_node(i, &resources[0], deadline).await
+                                        == NodeWait::Unheard)
+                            {
+                                first_skipped = true;
                             }
                             stagger(round_trip, lead, deadline).await;
                             racing = true;

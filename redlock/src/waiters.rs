@@ -193,6 +193,9 @@ struct NodeState {
     refused: HashSet<String>,
     /// The last connection attempt or command failed; cleared once the node answers again.
     down: bool,
+    /// How many times the connection was lost (and its subscriptions with it): a channel
+    /// confirmed on one connection says nothing of the messages after a later one opened.
+    lost: u64,
 }
 
 struct State {
@@ -497,6 +500,28 @@ impl Interest {
                 () = tokio::time::sleep_until(deadline) => return NodeWait::TimedOut,
             }
         }
+    }
+
+    /// Which connection to node `node` has confirmed the channel, if one has (see
+    /// [`Interest::listened_since`]).
+    pub(crate) fn listening(&self, node: usize) -> Option<u64> {
+        let state = lock(&self.waiters.shared.state);
+        state
+            .nodes
+            .get(node)
+            .filter(|n| n.subscribed.contains(&self.channel))
+            .map(|n| n.lost)
+    }
+
+    /// Whether node `node` still listens on the channel on the connection that confirmed it
+    /// when [`listening`](Self::listening) said `then`. A node that refused an attempt sent
+    /// after that publishes its delete of the key it refused with on this connection, so its
+    /// message comes; one that confirmed the channel later may have published the release
+    /// before its `SUBSCRIBE` arrived, and its message never comes (a waiter woken by another
+    /// node's message waited for it its whole node timeout: test `handoff::a_first_node_
+    /// subscribed_after_it_published_the_release_is_not_waited_for`).
+    pub(crate) fn listened_since(&self, node: usize, then: Option<u64>) -> bool {
+        then.is_some() && self.listening(node) == then
     }
 
     /// Whether no release was heard on the channel yet, or node `node`'s message of the latest
@@ -917,6 +942,7 @@ impl NodeSub {
             {
                 let mut state = lock(&shared.state);
                 let node = &mut state.nodes[self.index];
+                node.lost += 1;
                 node.subscribed.clear();
                 node.refused.clear();
                 node.down = true;

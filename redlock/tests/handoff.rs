@@ -923,3 +923,134 @@ async fn a_client_follows_identity_records_replaced_while_it_was_connected() {
         "after racing, the old client still ranks {after} of 60 resources by the deleted records"
     );
 }
+
+/// Channel subscribers on node `i` (`PUBSUB NUMSUB`), read directly.
+async fn numsub(cluster: &Cluster, i: usize, channel: &str) -> i64 {
+    let mut c = cluster
+        .node(i)
+        .connection()
+        .await
+        .expect("direct connection");
+    let reply: Vec<redlock_testkit::redis::Value> = redlock_testkit::redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(&mut c)
+        .await
+        .expect("PUBSUB NUMSUB");
+    match reply.get(1) {
+        Some(redlock_testkit::redis::Value::Int(k)) => *k,
+        other => panic!("PUBSUB NUMSUB answered {other:?}"),
+    }
+}
+
+/// A waiter's subscription that the lock's first node confirms after it published the release
+/// never gets that node's message of it. The waiter, woken by another node's message, waited a
+/// whole node timeout for the first node's before its attempt: in CI, one hand-off of four took
+/// 205.8 ms (node timeout 200 ms) while the others took 3–5 ms. Here the waiter's subscription
+/// connection to the first node is slowed (new connections through its proxy delayed 150 ms each
+/// way; its command connection, opened before, is not), the release deletes the first node's
+/// key before the waiter's `SUBSCRIBE` arrives there, and the other nodes get the release (their
+/// links from the holder held) only once the first node's confirmation is on its way back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_node_subscribed_after_it_published_the_release_is_not_waited_for() {
+    const WAITER_NODE_TIMEOUT: Duration = Duration::from_secs(1);
+    let cluster = common::proxied(3).await;
+    // A resource whose racing attempts go through node 0 first.
+    let ids = common::server_ids(&cluster).await;
+    let resource = (0..)
+        .map(|i| format!("late-subscription-{i}"))
+        .find(|r| common::racing_ranking(&ids, r)[0] == 0)
+        .expect("some resource ranks node 0 first");
+    let channel = format!("redlock:release:{resource}");
+    let direct = |i: usize| cluster.node(i).url();
+    let proxied = |i: usize| cluster.node(i).proxy().expect("proxied").url();
+    // The holder reaches node 0 directly, nodes 1 and 2 through their proxies; the waiter the
+    // other way round.
+    let holder = Redlock::builder()
+        .nodes(vec![direct(0), proxied(1), proxied(2)])
+        .ttl(Duration::from_secs(30))
+        .node_timeout(Duration::from_secs(5))
+        .retry(RetryPolicy::once())
+        .build()
+        .unwrap();
+    let waiter = client_of(vec![proxied(0), direct(1), direct(2)], WAITER_NODE_TIMEOUT);
+    holder.connect().await;
+    waiter.connect().await;
+    assert_eq!(waiter.first_node(&resource), Some(0));
+    let lock = holder
+        .try_acquire(&resource)
+        .await
+        .expect("holder acquires");
+
+    cluster
+        .node(0)
+        .proxy()
+        .unwrap()
+        .set_new_connection_delay(Duration::from_millis(150));
+    let task = {
+        let (w, r) = (waiter.clone(), resource.clone());
+        tokio::spawn(async move { w.acquire(&r).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            numsub(&cluster, 1, &channel).await > 0 && numsub(&cluster, 2, &channel).await > 0
+        })
+        .await,
+        "the waiter did not subscribe on nodes 1 and 2"
+    );
+    // Its attempt after subscribing is refused by every node, node 0 included.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    for i in [1, 2] {
+        cluster.node(i).proxy().unwrap().blackhole();
+    }
+    let release = {
+        let h = holder.clone();
+        tokio::spawn(async move { h.release(lock).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(1), || async {
+            get(&cluster, 0, &format!("redlock:lock:{resource}"))
+                .await
+                .is_none()
+        })
+        .await,
+        "the release did not reach node 0"
+    );
+    assert_eq!(
+        numsub(&cluster, 0, &channel).await,
+        0,
+        "setup: the waiter's SUBSCRIBE reached node 0 before the release"
+    );
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            numsub(&cluster, 0, &channel).await > 0
+        })
+        .await,
+        "the waiter did not subscribe on node 0"
+    );
+    // The confirmation's 150 ms way back, and a margin.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !task.is_finished(),
+        "the waiter acquired a lock still held on two nodes"
+    );
+    let healed = Instant::now();
+    for i in [1, 2] {
+        cluster.node(i).proxy().unwrap().heal();
+    }
+    let acquired = tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("the waiter acquires within 5 s")
+        .unwrap()
+        .expect("the waiter acquires");
+    let handoff = healed.elapsed();
+    println!("hand-off after the release reached nodes 1 and 2: {handoff:?}");
+    assert!(release.await.unwrap().is_ok());
+    let _ = waiter.release(acquired).await;
+    assert!(
+        handoff < WAITER_NODE_TIMEOUT / 2,
+        "the waiter took {handoff:?} after the release reached nodes 1 and 2: it waited for \
+         node 0's message of a release published there before its subscription (node timeout \
+         {WAITER_NODE_TIMEOUT:?})"
+    );
+}
