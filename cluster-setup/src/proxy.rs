@@ -38,7 +38,8 @@ struct State {
 
 /// A TCP proxy in front of one server, with live fault controls.
 ///
-/// Every control takes `&self` and applies at once to existing *and* new connections:
+/// Every control takes `&self` and applies at once to existing *and* new connections, but for
+/// the new-connection delay:
 ///
 /// * [`set_delay`](Self::set_delay): each chunk, in each direction, is delivered
 ///   `delay ± jitter` after it was read; order within a direction is preserved.
@@ -132,7 +133,8 @@ impl FaultProxy {
         self.state.send_modify(|s| s.fault = Fault::Partition);
     }
 
-    /// Removes every fault and delay.
+    /// Removes every fault and delay (connections accepted under a
+    /// [new-connection delay](Self::set_new_connection_delay) keep theirs).
     pub fn heal(&self) {
         self.state.send_replace(State::default());
     }
@@ -159,7 +161,8 @@ async fn accept_loop(listener: TcpListener, target: SocketAddr, state: watch::Re
             reset(client);
             continue;
         }
-        tokio::spawn(serve(client, target, state.clone()));
+        let own_delay = state.borrow().new_delay;
+        tokio::spawn(serve(client, target, state.clone(), own_delay));
     }
 }
 
@@ -181,8 +184,13 @@ async fn partitioned(state: &mut watch::Receiver<State>) -> bool {
     }
 }
 
-async fn serve(mut client: TcpStream, target: SocketAddr, mut state: watch::Receiver<State>) {
-    let own_delay = state.borrow().new_delay;
+/// Forwards one accepted connection, each chunk `own_delay` later than the shared delay says.
+async fn serve(
+    mut client: TcpStream,
+    target: SocketAddr,
+    mut state: watch::Receiver<State>,
+    own_delay: Duration,
+) {
     let upstream = tokio::select! {
         upstream = timeout(UPSTREAM_CONNECT_TIMEOUT, TcpStream::connect(target)) => upstream,
         _ = partitioned(&mut state) => {

@@ -502,15 +502,16 @@ impl Interest {
         }
     }
 
-    /// Which connection to node `node` has confirmed the channel, if one has (see
+    /// Which connection to node `node` has confirmed the channel, if one has: the node, and
+    /// how many of its connections were lost before this one (see
     /// [`Interest::listened_since`]).
-    pub(crate) fn listening(&self, node: usize) -> Option<u64> {
+    pub(crate) fn listening(&self, node: usize) -> Option<Listening> {
         let state = lock(&self.waiters.shared.state);
         state
             .nodes
             .get(node)
             .filter(|n| n.subscribed.contains(&self.channel))
-            .map(|n| n.lost)
+            .map(|n| Listening { node, lost: n.lost })
     }
 
     /// Whether node `node` still listens on the channel on the connection that confirmed it
@@ -520,7 +521,7 @@ impl Interest {
     /// before its `SUBSCRIBE` arrived, and its message never comes (a waiter woken by another
     /// node's message waited for it its whole node timeout: test `handoff::a_first_node_
     /// subscribed_after_it_published_the_release_is_not_waited_for`).
-    pub(crate) fn listened_since(&self, node: usize, then: Option<u64>) -> bool {
+    pub(crate) fn listened_since(&self, node: usize, then: Option<Listening>) -> bool {
         then.is_some() && self.listening(node) == then
     }
 
@@ -607,6 +608,14 @@ impl Interest {
             .get(&self.channel)
             .map_or(0, |c| c.handoffs)
     }
+}
+
+/// A node's connection that confirmed a channel (see [`Interest::listening`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Listening {
+    node: usize,
+    /// Connections to the node lost before this one.
+    lost: u64,
 }
 
 /// A mutex's guard, however an earlier holder of it panicked.
@@ -888,7 +897,15 @@ impl Waiters {
                     }
                 }
                 _ => {
-                    lock(&self.shared.state).nodes[index] = NodeState::default();
+                    // A new task opens a new connection: it counts as one more lost, so that
+                    // nothing the old one confirmed passes for the new one's.
+                    let mut state = lock(&self.shared.state);
+                    let lost = state.nodes[index].lost + 1;
+                    state.nodes[index] = NodeState {
+                        lost,
+                        ..NodeState::default()
+                    };
+                    drop(state);
                     let poke = Arc::new(Notify::new());
                     let node = NodeSub {
                         shared: Arc::downgrade(&self.shared),

@@ -987,6 +987,7 @@ async fn a_first_node_subscribed_after_it_published_the_release_is_not_waited_fo
         .proxy()
         .unwrap()
         .set_new_connection_delay(Duration::from_millis(150));
+    let spawned = Instant::now();
     let task = {
         let (w, r) = (waiter.clone(), resource.clone());
         tokio::spawn(async move { w.acquire(&r).await })
@@ -1033,6 +1034,14 @@ async fn a_first_node_subscribed_after_it_published_the_release_is_not_waited_fo
     assert!(
         !task.is_finished(),
         "the waiter acquired a lock still held on two nodes"
+    );
+    // Past its retry delay, the waiter's pause would have ended before the release reached
+    // nodes 1 and 2, and its next attempt (granted by node 0) would have left nothing to wait
+    // for.
+    assert!(
+        spawned.elapsed() < RETRY_DELAY,
+        "setup: {:?} from the waiter's start to the release, past its retry delay",
+        spawned.elapsed()
     );
     let healed = Instant::now();
     for i in [1, 2] {

@@ -255,7 +255,10 @@ async fn never_creates_or_deletes_keys() {
     assert!(
         common::eventually(Duration::from_secs(2), || async {
             let keys = all_keys(&cluster).await;
-            (0..3).all(|i| keys.iter().any(|(n, k, _)| *n == i && k == "redlock:lock:kept"))
+            (0..3).all(|i| {
+                keys.iter()
+                    .any(|(n, k, _)| *n == i && k == "redlock:lock:kept")
+            })
         })
         .await,
         "the holder's key did not reach every node"
