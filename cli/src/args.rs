@@ -11,6 +11,15 @@ pub(crate) fn duration(s: &str) -> Result<Duration, String> {
         .map_err(|e| format!("{e} (write a duration like 30s, 500ms, 2m)"))
 }
 
+/// [`duration`], more than zero: a setting the library rejects at zero is a usage error here,
+/// not one blamed on wherever another setting it shares its kind of error with came from.
+pub(crate) fn positive_duration(s: &str) -> Result<Duration, String> {
+    match duration(s)? {
+        d if d.is_zero() => Err("must be more than zero".into()),
+        d => Ok(d),
+    }
+}
+
 /// flock(1) for a Redis cluster: run a command under a Redlock quorum lock, inspect a lock,
 /// check a cluster.
 ///
@@ -84,7 +93,7 @@ pub(crate) struct RunArgs {
     #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = duration)]
     pub(crate) grace: Duration,
     /// Longest time the lock is renewed; past it the lock counts as lost.
-    #[arg(long, default_value = "1h", value_name = "DURATION", value_parser = duration)]
+    #[arg(long, default_value = "1h", value_name = "DURATION", value_parser = positive_duration)]
     pub(crate) max_hold: Duration,
     /// The command and its arguments (after `--`), passed on as they are, UTF-8 or not.
     #[arg(required = true, last = true, value_name = "COMMAND")]

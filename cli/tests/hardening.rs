@@ -287,6 +287,48 @@ async fn the_same_url_twice_in_nodes_is_a_usage_error() {
     assert_eq!(out.code, Some(64), "{out:?}");
 }
 
+/// `--max-hold 0s` is a bad command-line setting (64) wherever the restart quarantine came
+/// from: the library rejects both under one kind of error, and the exit code followed the
+/// quarantine's source — 78 with the quarantine in the config file, blaming the file for the
+/// command line (found in review). And the other way round: a bad quarantine in the file is
+/// still 78 with a good `--max-hold`. Nothing is reached (the node is a closed port).
+#[tokio::test]
+async fn a_zero_max_hold_is_a_usage_error_whatever_the_config_file_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.toml");
+    let config = path.to_str().unwrap();
+    let run = |max_hold: &'static str| {
+        redlock([
+            "--config",
+            config,
+            "run",
+            "--max-hold",
+            max_hold,
+            "r",
+            "--",
+            "true",
+        ])
+    };
+    std::fs::write(
+        &path,
+        "nodes = [\"redis://127.0.0.1:1\"]\nrestart_quarantine = \"60s\"\n",
+    )
+    .unwrap();
+    let out = output(run("0s")).await;
+    assert!(out.stderr.contains("--max-hold"), "{out:?}");
+    assert_eq!(out.code, Some(64), "quarantine in the file: {out:?}");
+    std::fs::write(&path, "nodes = [\"redis://127.0.0.1:1\"]\n").unwrap();
+    let out = output(run("0s")).await;
+    assert_eq!(out.code, Some(64), "no quarantine: {out:?}");
+    std::fs::write(
+        &path,
+        "nodes = [\"redis://127.0.0.1:1\"]\nrestart_quarantine = \"0s\"\n",
+    )
+    .unwrap();
+    let out = output(run("1h")).await;
+    assert_eq!(out.code, Some(78), "a zero quarantine in the file: {out:?}");
+}
+
 /// A reader that went away (`redlock status r | head -1`, a log collector that died) makes
 /// `println!` fail with EPIPE (Rust ignores SIGPIPE), which panics: exit 101 and a panic message.
 #[tokio::test]
