@@ -927,10 +927,11 @@ impl<B: Backend> Core<B> {
                 // attempt was sent: only a refusal there after that promises the node's message
                 // of the release that deletes what it refused with (see
                 // `Interest::listened_since`).
-                let first_listened = interest
-                    .as_ref()
-                    .zip(self.first_node_index(&resources[0]))
-                    .and_then(|(i, node)| i.listening(node));
+                // (Nothing to rank on the uncontended path, which has no interest.)
+                let first_listened = interest.as_ref().and_then(|i| {
+                    self.first_node_index(&resources[0])
+                        .and_then(|node| i.listening(node))
+                });
                 let first_listens = |i: &Interest| {
                     self.first_node_index(&resources[0])
                         .is_some_and(|node| i.listened_since(node, first_listened))
