@@ -1039,9 +1039,10 @@ impl<B: Backend> Core<B> {
                             && quick_retries > 0
                             && self.first_node_refused(&err, &resources[0], None)
                         {
-                            let wait = match first_listens(i) {
-                                true => self.await_first_node(i, &resources[0], deadline).await,
-                                false => NodeWait::Unheard,
+                            let wait = if first_listens(i) {
+                                self.await_first_node(i, &resources[0], deadline).await
+                            } else {
+                                NodeWait::Unheard
                             };
                             let retry = match wait {
                                 NodeWait::Published | NodeWait::Arrived => true,

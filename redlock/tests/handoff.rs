@@ -924,25 +924,6 @@ async fn a_client_follows_identity_records_replaced_while_it_was_connected() {
     );
 }
 
-/// Channel subscribers on node `i` (`PUBSUB NUMSUB`), read directly.
-async fn numsub(cluster: &Cluster, i: usize, channel: &str) -> i64 {
-    let mut c = cluster
-        .node(i)
-        .connection()
-        .await
-        .expect("direct connection");
-    let reply: Vec<redlock_testkit::redis::Value> = redlock_testkit::redis::cmd("PUBSUB")
-        .arg("NUMSUB")
-        .arg(channel)
-        .query_async(&mut c)
-        .await
-        .expect("PUBSUB NUMSUB");
-    match reply.get(1) {
-        Some(redlock_testkit::redis::Value::Int(k)) => *k,
-        other => panic!("PUBSUB NUMSUB answered {other:?}"),
-    }
-}
-
 /// A waiter's subscription that the lock's first node confirms after it published the release
 /// never gets that node's message of it. The waiter, woken by another node's message, waited a
 /// whole node timeout for the first node's before its attempt: in CI, one hand-off of four took
@@ -994,7 +975,8 @@ async fn a_first_node_subscribed_after_it_published_the_release_is_not_waited_fo
     };
     assert!(
         eventually(Duration::from_secs(2), || async {
-            numsub(&cluster, 1, &channel).await > 0 && numsub(&cluster, 2, &channel).await > 0
+            common::numsub(&cluster, 1, &channel).await > 0
+                && common::numsub(&cluster, 2, &channel).await > 0
         })
         .await,
         "the waiter did not subscribe on nodes 1 and 2"
@@ -1018,13 +1000,13 @@ async fn a_first_node_subscribed_after_it_published_the_release_is_not_waited_fo
         "the release did not reach node 0"
     );
     assert_eq!(
-        numsub(&cluster, 0, &channel).await,
+        common::numsub(&cluster, 0, &channel).await,
         0,
         "setup: the waiter's SUBSCRIBE reached node 0 before the release"
     );
     assert!(
         eventually(Duration::from_secs(2), || async {
-            numsub(&cluster, 0, &channel).await > 0
+            common::numsub(&cluster, 0, &channel).await > 0
         })
         .await,
         "the waiter did not subscribe on node 0"

@@ -138,20 +138,29 @@ pub async fn publish(cluster: &Cluster, i: usize, channel: &str, message: &str) 
 /// How many nodes have a subscriber on `channel`.
 pub async fn subscribed_nodes(cluster: &Cluster, channel: &str) -> usize {
     let mut n = 0;
-    for node in cluster.nodes() {
-        let mut c = node.connection().await.unwrap();
-        // A flat reply: channel, count.
-        let reply: Vec<redlock_testkit::redis::Value> = redlock_testkit::redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(channel)
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        if matches!(reply.get(1), Some(redlock_testkit::redis::Value::Int(k)) if *k > 0) {
+    for i in 0..cluster.len() {
+        if numsub(cluster, i, channel).await > 0 {
             n += 1;
         }
     }
     n
+}
+
+/// Subscribers of `channel` on node `i` (`PUBSUB NUMSUB`, read directly; 0 for a reply without
+/// a count).
+pub async fn numsub(cluster: &Cluster, i: usize, channel: &str) -> i64 {
+    let mut c = cluster.node(i).connection().await.unwrap();
+    // A flat reply: channel, count.
+    let reply: Vec<redlock_testkit::redis::Value> = redlock_testkit::redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    match reply.get(1) {
+        Some(redlock_testkit::redis::Value::Int(k)) => *k,
+        _ => 0,
+    }
 }
 
 /// Waits until `cond` holds, polling every 20 ms, for at most `limit`.
