@@ -296,22 +296,26 @@ fn background_releases_are_done_when_settle_returns() {
 /// that opened it, so each new runtime finds the connections of the last one dead.
 #[test]
 fn one_attempt_per_runtime_gets_the_lock_from_healthy_nodes() {
-    one_attempt_per_runtime(Duration::ZERO);
+    one_attempt_per_runtime(Duration::ZERO, Duration::from_millis(50));
 }
 
-/// The same over a link of about 24 ms round trip: the request that finds its connection's
-/// runtime gone opens a new connection, and its budget must allow for that, as for any
-/// connection being opened. It was budgeted as on an open connection (the dead one still
-/// counted as open), and the handshake's round trips alone took longer than the 50 ms node
-/// timeout: every round after the first failed on every node (found in review).
+/// The same over a link of about 72 ms round trip, with a 150 ms node timeout: the request
+/// that finds its connection's runtime gone opens a new connection, and its budget must allow
+/// for that, as for any connection being opened. It was budgeted as on an open connection (the
+/// dead one still counted as open), and the handshake's round trips alone took longer than the
+/// node timeout: every round after the first failed on every node (found in review, with 12 ms
+/// each way and a 50 ms node timeout). The link and the timeout are three times that now: a
+/// request on an open connection keeps 78 ms to spare (26 ms was not enough on a busy CI
+/// machine: a release there timed out on every node), the handshake still takes more than the
+/// node timeout alone.
 #[test]
 fn one_attempt_per_runtime_gets_the_lock_over_a_slower_link() {
-    one_attempt_per_runtime(Duration::from_millis(12));
+    one_attempt_per_runtime(Duration::from_millis(36), Duration::from_millis(150));
 }
 
 /// Five rounds of one attempt each, each on a runtime of its own, with every chunk between
 /// the client and the nodes delayed by `delay` each way.
-fn one_attempt_per_runtime(delay: Duration) {
+fn one_attempt_per_runtime(delay: Duration, node_timeout: Duration) {
     let crt = cluster_runtime();
     let cluster = crt
         .block_on(Cluster::builder().nodes(3).proxied(true).start())
@@ -320,6 +324,7 @@ fn one_attempt_per_runtime(delay: Duration) {
         node.proxy().unwrap().set_delay(delay, Duration::ZERO);
     }
     let rl = builder(cluster.urls(), Duration::from_secs(5))
+        .node_timeout(node_timeout)
         .retry(RetryPolicy::once())
         .build()
         .unwrap();
@@ -333,7 +338,7 @@ fn one_attempt_per_runtime(delay: Duration) {
         assert!(
             got.is_ok(),
             "round {round}: one attempt on a fresh runtime, all nodes healthy, {delay:?} each \
-             way: {got:?}"
+             way, node timeout {node_timeout:?}: {got:?}"
         );
     }
     drop(cluster);
