@@ -272,7 +272,13 @@ async fn dropped_clients_close_their_subscription_connections() {
     let a = client(&cluster);
     let b = client(&cluster);
     let handoffs = rounds("two clients", &a, &b, "k", 2).await;
-    assert_fast("two clients", &handoffs);
+    // The hand-offs came from the release's message (not the 2 s retry delay). With two rounds
+    // `assert_fast`'s p75 is the slower one, on connections just opened: this test is about
+    // closing them.
+    assert!(
+        handoffs.iter().all(|h| *h < RETRY_DELAY / 2),
+        "a waiter missed the release: {handoffs:?}"
+    );
     // Both clients waited once, so both subscribe on every node (the last ones perhaps in the
     // background).
     let opened = eventually(Duration::from_secs(5), || async {
@@ -727,7 +733,9 @@ fn acquire_in_background(
 ///
 /// Here the resource's first node is 15 ms slower each way (within its patience, a quarter of
 /// the 200 ms node timeout): a hand-off through it takes at least 60 ms, one through a fast
-/// node a few milliseconds (about 3 ms in a debug build here).
+/// node a few milliseconds (about 3 ms in a debug build here). The median hand-off must stay
+/// under 30 ms: half the least a hand-off through the slow node takes, with room for a busy
+/// machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_first_node_is_not_asked_first() {
     const SLOW: Duration = Duration::from_millis(15);
@@ -749,7 +757,7 @@ async fn a_slow_first_node_is_not_asked_first() {
     let handoffs = rounds(&label, &a, &b, KEY, 20).await;
     let p50 = handoffs[handoffs.len() / 2];
     assert!(
-        p50 < SLOW,
+        p50 < SLOW * 2,
         "hand-off p50 {p50:?}: racing attempts still ask the slow node {first} first \
          ({handoffs:?})"
     );

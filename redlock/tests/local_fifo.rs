@@ -792,11 +792,13 @@ async fn sets(cluster: &Cluster) -> u64 {
 /// A task waiting for a lock that a guard of its own client holds waits for the guard's
 /// release for as long as the renewals keep the lock: the client knew the lock as held only
 /// until the validity it had when it was taken, and once that passed the waiter attempted at
-/// every retry delay, refused each time, while the guard still held the lock.
+/// every retry delay, refused each time, while the guard still held the lock. (The TTL is 1 s,
+/// the guard held for three: a 300 ms TTL left a busy machine too little room to renew it on
+/// this test's one thread.)
 #[tokio::test(flavor = "current_thread")]
 async fn a_waiter_behind_its_clients_renewed_guard_waits_for_the_release() {
-    const TTL: Duration = Duration::from_millis(300);
-    const HELD: Duration = Duration::from_millis(1_500);
+    const TTL: Duration = Duration::from_secs(1);
+    const HELD: Duration = Duration::from_secs(3);
     let cluster = Cluster::start(3).await.expect("cluster");
     let rl = redlock::Redlock::builder()
         .nodes(cluster.urls())
@@ -835,13 +837,14 @@ async fn a_waiter_behind_its_clients_renewed_guard_waits_for_the_release() {
 /// Waiting for its own client's guard ends where the retry policy ends it, however long the
 /// guard's renewals hold the lock: the call gives up `Busy` (a task that awaits the lock its
 /// own guard holds must not hang for as long as the guard lives), after waiting for the guard
-/// rather than attempting, and says so (`GaveUp::LocalHolder`).
+/// rather than attempting, and says so (`GaveUp::LocalHolder`). The guard's TTL is 1 s: the
+/// default policy's 2 s still outlast two of them.
 #[tokio::test(flavor = "current_thread")]
 async fn a_wait_behind_its_clients_guard_ends_with_the_policy() {
     let cluster = Cluster::start(3).await.expect("cluster");
     let rl = redlock::Redlock::builder()
         .nodes(cluster.urls())
-        .ttl(Duration::from_millis(300))
+        .ttl(Duration::from_secs(1))
         .node_timeout(common::NODE_TIMEOUT)
         .build()
         .expect("valid config");

@@ -47,8 +47,15 @@ async fn mutual_exclusion_keeps_a_plain_counter_exact() {
 }
 
 async fn warm(rl: &redlock::Redlock) {
-    for r in rl.connect().await {
-        assert_eq!(r.outcome, NodeOutcome::Confirmed, "{}", r.node);
+    warm_but(rl, &[]).await;
+}
+
+/// Opens `rl`'s connections; every node but those in `down` must confirm.
+async fn warm_but(rl: &redlock::Redlock, down: &[usize]) {
+    for (i, r) in rl.connect().await.into_iter().enumerate() {
+        if !down.contains(&i) {
+            assert_eq!(r.outcome, NodeOutcome::Confirmed, "{}", r.node);
+        }
     }
 }
 
@@ -75,20 +82,30 @@ async fn one_killed_paused_or_slow_node_of_five_does_not_stop_acquire() {
     rl.release(lock).await.unwrap();
     cluster.node(1).resume();
 
-    // node 0 is dead; delay node 2 by 200 ms: the three others still make a quorum.
+    // node 0 is dead; delay node 2 by 300 ms each way: the three others still make a quorum.
+    // A client with a 500 ms node timeout, so that a busy machine does not time out one of
+    // the three the quorum needs (a single attempt; 50 ms is thin for that); waiting for the
+    // slow node would take that node timeout at least.
+    let roomy = redlock::Redlock::builder()
+        .nodes(cluster.urls())
+        .ttl(Duration::from_secs(5))
+        .node_timeout(Duration::from_millis(500))
+        .build()
+        .expect("valid config");
+    warm_but(&roomy, &[0]).await;
     cluster
         .node(2)
         .proxy()
         .unwrap()
-        .set_delay(Duration::from_millis(200), Duration::ZERO);
+        .set_delay(Duration::from_millis(300), Duration::ZERO);
     let t = Instant::now();
-    let lock = rl.try_acquire("slow").await.expect("slow minority");
+    let lock = roomy.try_acquire("slow").await.expect("slow minority");
     let took = t.elapsed();
     assert!(
-        took < Duration::from_millis(200),
+        took < Duration::from_millis(400),
         "waited for the slow node: {took:?}"
     );
-    let report = rl.release(lock).await.unwrap();
+    let report = roomy.release(lock).await.unwrap();
     // A quorum no longer holds the key: deleted, or never reached (the dead node 0, whose
     // acquire waited for a connection that could not open, is spared and reported as holding
     // nothing). The release returns then; the rest of its deletes go on.
@@ -130,7 +147,9 @@ async fn majority_paused_fails_fast_and_leaves_no_key_after_resume() {
                 }
         })
         .count();
-    assert_eq!(timed_out, 3, "{err}");
+    // The three paused nodes (a healthy one that a busy machine slowed past the node timeout
+    // would be a fourth).
+    assert!(timed_out >= 3, "{err}");
     assert!(
         err.to_string()
             .contains(&format!("timed out: no answer within {NODE_TIMEOUT:?}")),

@@ -547,18 +547,26 @@ async fn slow_node_cleanup(stamps: bool, slow: usize, delay: Duration, node_time
     );
 }
 
+/// The round trips of the review's cases (460 and 480 ms away with a 1 s budget: 92 and 96 %
+/// of it) scaled three times (1.38 and 1.44 s away with a 3 s budget): the answer still comes
+/// late in the budget, which is what the cases are about, with 240 and 120 ms to spare instead
+/// of 80 and 40 ms (too little on a busy machine: an answer past the budget is a node that
+/// timed out).
+const SLOW_CLEANUP_CASES: [Duration; 2] =
+    [Duration::from_millis(1_380), Duration::from_millis(1_440)];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_reclaims_cleanup_reaches_a_slow_node_in_time() {
-    let second = Duration::from_secs(1);
-    slow_node_cleanup(true, 0, Duration::from_millis(460), second).await;
-    slow_node_cleanup(true, 0, Duration::from_millis(480), second).await;
+    for delay in SLOW_CLEANUP_CASES {
+        slow_node_cleanup(true, 0, delay, Duration::from_secs(3)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_reclaims_cleanup_reaches_a_slow_node_in_time_without_stamps() {
-    let second = Duration::from_secs(1);
-    slow_node_cleanup(false, 0, Duration::from_millis(460), second).await;
-    slow_node_cleanup(false, 0, Duration::from_millis(480), second).await;
+    for delay in SLOW_CLEANUP_CASES {
+        slow_node_cleanup(false, 0, delay, Duration::from_secs(3)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -784,12 +792,14 @@ async fn a_release_landing_after_its_deadline_does_not_delete_the_reclaimed_lock
 
 /// A release on healthy nodes is answered by every node at once: a re-claim with the token
 /// right after it does not wait (nothing of the release is still out), and takes the lock.
+/// Judged on the 18th fastest of 20 re-claims (one stalled by a busy machine is not a wait),
+/// and none may take a second (the grace a re-claim waits for a release still out).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reclaim_right_after_a_release_on_healthy_nodes_does_not_wait() {
     let cluster = Cluster::start(3).await.unwrap();
     let c = client(cluster.urls(), Duration::from_millis(200));
     let token = Token::random().unwrap();
-    let mut slowest = Duration::ZERO;
+    let mut took = Vec::new();
     for _ in 0..20 {
         let lock = c
             .try_acquire_with_token(["healthy-release"], &token)
@@ -801,11 +811,13 @@ async fn a_reclaim_right_after_a_release_on_healthy_nodes_does_not_wait() {
             .try_acquire_with_token(["healthy-release"], &token)
             .await
             .expect("re-claims");
-        slowest = slowest.max(started.elapsed());
+        took.push(started.elapsed());
         c.release(lock).await.expect("released");
     }
-    println!("slowest re-claim right after a release: {slowest:?}");
-    assert!(slowest < Duration::from_millis(150), "{slowest:?}");
+    took.sort();
+    println!("re-claims right after a release: {took:?}");
+    assert!(took[17] < Duration::from_millis(150), "{took:?}");
+    assert!(took[19] < Duration::from_secs(1), "{took:?}");
 }
 
 /// X takes a lock with its own token while node 2's link takes 1.5 s each way: nodes 0 and 1
