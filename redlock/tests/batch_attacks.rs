@@ -317,11 +317,13 @@ async fn releases_are_not_queued_for_a_hung_node_whose_connection_never_opened()
     const CYCLES: usize = 2_000;
     let (cluster, urls) = cluster_of_this_test().await;
     // A connect timeout that outlasts the cycles: the connection opened while node 0 hung is
-    // still opening when it resumes, and then opens.
+    // still opening when it resumes, and then opens. A node timeout of 1 s: nodes 1 and 2
+    // decide every cycle, and with 200 ms a busy machine once stalled this test's one thread
+    // long enough that 64 releases in flight timed out on both (a fresh-clone CI run).
     let rl = Redlock::builder()
         .nodes(urls)
         .ttl(Duration::from_secs(10))
-        .node_timeout(Duration::from_millis(200))
+        .node_timeout(Duration::from_secs(1))
         .connect_timeout(Duration::from_secs(20))
         .build()
         .expect("valid config");
