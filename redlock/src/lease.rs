@@ -191,10 +191,29 @@ impl fmt::Debug for Lease {
 impl Lease {
     /// Resolves when the lock is lost (or released), with the reason.
     ///
+    /// It resolves by the lease's deadline at the latest, also when nothing renews the lock
+    /// any more: the renewal driver is a task of a runtime that made a guard, and when every
+    /// such runtime has ended (the guard lives on in another), nothing would fire the signal —
+    /// this waits for the deadline itself, on the caller's runtime.
+    ///
     /// # Cancel safety
     /// Safe: it only observes the signal.
     pub async fn lost(&self) -> LostReason {
-        self.held.lost.cancelled().await;
+        // A guard moved to a runtime whose own driver never ran waited here for good once the
+        // runtime it was made on ended (test `lifecycle::a_guard_moved_to_another_runtime_is_
+        // told_it_is_lost_when_renewal_ends`).
+        loop {
+            let end = self.held.valid_until().mono();
+            crate::det::select! {
+                () = self.held.lost.cancelled() => break,
+                () = tokio::time::sleep_until(end) => {
+                    // Renewed meanwhile: wait for the new deadline.
+                    if self.held.check_lost() {
+                        break;
+                    }
+                }
+            }
+        }
         self.reason().unwrap_or(LostReason::Released)
     }
 

@@ -79,8 +79,13 @@ struct RenewState {
     ends: BTreeSet<(Instant, u64)>,
     /// How many held locks renew at each interval: the shortest sets the driver's tick.
     intervals: BTreeMap<Duration, usize>,
-    running: bool,
-    /// When the driver will look again by itself; a new lock due later need not wake it.
+    /// The runtimes a driver runs on: one on each runtime that made a guard while it had none
+    /// (see [`Renewer::hold`]).
+    drivers: Vec<tokio::runtime::Id>,
+    /// Where the drivers count their ticks from, so that together they still run one round per
+    /// tick: set by the first driver, kept for the client's life.
+    epoch: Option<Instant>,
+    /// When a driver will look again by itself; a new lock due later need not wake one.
     next_wake: Option<Instant>,
     /// The latest held lock on each key, by the key's hash (see [`RenewState::holder`]).
     by_key: HashMap<u64, u64>,
@@ -258,8 +263,15 @@ impl<B: Backend> Renewer<B> {
         }
     }
 
-    /// Registers a lock for renewal, starting the renewal driver if needed. The first renewal
-    /// is due from the lock's own validity and TTL.
+    /// Registers a lock for renewal, starting a renewal driver on the current runtime if none
+    /// runs there. The first renewal is due from the lock's own validity and TTL.
+    ///
+    /// One driver per runtime that makes guards, not one per client: a driver is a task of its
+    /// runtime and ends with it. With one per client, a guard made on a second runtime while
+    /// the first one's driver ran was never renewed again once the first runtime ended, and
+    /// its lost signal never fired (test `lifecycle::a_guard_on_a_second_runtime_is_renewed_
+    /// after_the_first_runtime_ends`). The drivers share the book: each takes what is due when
+    /// it wakes, on the same ticks.
     pub(crate) fn hold(self: &Arc<Self>, lock: Lock) -> Arc<Held> {
         let (every, _) = cadence(lock.ttl, self.config.drift_factor, self.config.renew_every);
         let now = Instant::now();
@@ -284,22 +296,34 @@ impl<B: Backend> Renewer<B> {
             held_on: std::sync::atomic::AtomicU64::new(0),
             done: Mutex::new(false),
         });
+        // A guard is made on a runtime (`LockGuard::new` checks); without one, no driver starts
+        // here and the guard relies on the others'.
+        let runtime = tokio::runtime::Handle::try_current().ok();
         let (start, wake) = {
             let mut st = self.renewals.lock();
             st.insert(Arc::clone(&held), due);
-            // Waking the driver costs a pass over every held lock: only when it would otherwise
+            // Waking a driver costs a pass over every held lock: only when it would otherwise
             // look too late (a burst of 20,000 guards made that quadratic).
             let wake = st.next_wake.is_none_or(|w| due < w);
-            (!std::mem::replace(&mut st.running, true), wake)
+            let start = runtime
+                .as_ref()
+                .map(tokio::runtime::Handle::id)
+                .filter(|id| !st.drivers.contains(id));
+            if let Some(id) = start {
+                st.drivers.push(id);
+            }
+            (start.zip(runtime), wake)
         };
-        if start {
-            // The flag travels with the task: if the task is dropped — even before it first
-            // runs, when its runtime shuts down — the next guard starts a new driver.
+        if let Some((id, runtime)) = start {
+            // The mark travels with the task: if the task is dropped — even before it first
+            // runs, when its runtime shuts down — the next guard made there (or on a runtime
+            // made later) starts a new driver.
             let running = DriverRunning {
                 renewals: Arc::clone(&self.renewals),
+                id,
                 stopped: false,
             };
-            tokio::spawn(drive(Arc::downgrade(self), running));
+            runtime.spawn(drive(Arc::downgrade(self), running));
         } else if wake {
             self.renewals.wake.notify_one();
         }
@@ -329,7 +353,11 @@ impl<B: Backend> Renewer<B> {
 /// task, so a slow node cannot delay the expiry checks). A wake costs what is due or ending,
 /// not a pass over every held lock.
 async fn drive<B: Backend>(renewer: Weak<Renewer<B>>, mut running: DriverRunning) {
-    let epoch = Instant::now();
+    let epoch = *running
+        .renewals
+        .lock()
+        .epoch
+        .get_or_insert_with(Instant::now);
     let mut last = Deadline::clocks();
     loop {
         let Some(renewer) = renewer.upgrade() else {
@@ -355,11 +383,15 @@ async fn drive<B: Backend>(renewer: Weak<Renewer<B>>, mut running: DriverRunning
                 st.check(id, now, boot);
             }
             let Some(&shortest) = st.intervals.keys().next() else {
+                // Nothing held: this driver ends, and the others when they look again (woken
+                // now); a guard made meanwhile on a runtime whose driver is still marked wakes
+                // that one instead.
                 st.due.clear();
-                st.running = false;
+                st.drivers.retain(|id| *id != running.id);
                 st.next_wake = None;
                 drop(st);
                 running.disarm();
+                renewer.renewals.wake.notify_waiters();
                 return;
             };
             // Renewals run on tick boundaries only, each taking everything due before the tick
@@ -407,31 +439,75 @@ async fn drive<B: Backend>(renewer: Weak<Renewer<B>>, mut running: DriverRunning
     }
 }
 
-/// Marks the renewal driver as gone when its task ends without saying so itself — dropped with
-/// its runtime — so that the next `guard()` starts a new one instead of waking nobody.
+/// Marks a renewal driver as gone when its task ends without saying so itself — dropped with
+/// its runtime — so that the next `guard()` on a runtime starts a new one there instead of
+/// waking nobody.
 struct DriverRunning {
     renewals: Arc<Renewals>,
+    /// The runtime the driver runs on.
+    id: tokio::runtime::Id,
     stopped: bool,
 }
 
 impl DriverRunning {
-    /// The driver cleared the flag itself (under the state lock); nothing to undo.
+    /// The driver cleared the mark itself (under the state lock); nothing to undo.
     fn disarm(&mut self) {
         self.stopped = true;
     }
 
-    /// The driver ends now: clear the flag.
+    /// The driver ends now: clear its mark.
     fn stop(&mut self) {
-        self.renewals.lock().running = false;
+        self.clear();
         self.stopped = true;
+    }
+
+    /// Forgets this driver, and wakes the others: the time it was to look again is no longer
+    /// anybody's (a lock due before theirs would wait for them).
+    fn clear(&self) {
+        let mut st = self.renewals.lock();
+        st.drivers.retain(|id| *id != self.id);
+        st.next_wake = None;
+        drop(st);
+        self.renewals.wake.notify_one();
     }
 }
 
 impl Drop for DriverRunning {
     fn drop(&mut self) {
         if !self.stopped {
-            self.renewals.lock().running = false;
+            self.clear();
         }
+    }
+}
+
+/// The locks of a renewal round, given back to the drivers if the round is dropped before it
+/// ends — with its runtime, which a driver of another runtime outlives. A lock taken off the
+/// due list for a round is put on it again only when the round settles it, so a round cut
+/// short took its locks with it: never renewed again, they expired with every node healthy
+/// (test `lifecycle::a_renewal_round_cut_short_by_its_runtime_gives_its_locks_back`). Each
+/// that is still held and not due already (settled before the cut) is due at once.
+struct GiveBack {
+    renewals: Arc<Renewals>,
+    ids: Vec<u64>,
+}
+
+impl Drop for GiveBack {
+    fn drop(&mut self) {
+        if self.ids.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut st = self.renewals.lock();
+        let due: std::collections::HashSet<u64> =
+            st.due.iter().map(|Reverse((_, id))| *id).collect();
+        for &id in &self.ids {
+            if st.entries.contains_key(&id) && !due.contains(&id) {
+                st.due.push(Reverse((now, id)));
+            }
+        }
+        st.next_wake = None;
+        drop(st);
+        self.renewals.wake.notify_one();
     }
 }
 
@@ -446,6 +522,10 @@ impl<B: Backend> Renewer<B> {
     /// flight (counting other rounds still going): over a slow link a round of many calls costs
     /// about one round trip, not one per call.
     async fn renew(self: Arc<Self>, locks: Vec<Arc<Held>>) {
+        let mut give_back = GiveBack {
+            renewals: Arc::clone(&self.renewals),
+            ids: locks.iter().map(|h| h.id).collect(),
+        };
         let calls = locks.chunks(BATCH_CHUNK).map(|chunk| async {
             let places = u32::try_from(chunk.len()).unwrap_or(u32::MAX);
             // Never closed: the semaphore lives as long as `self`.
@@ -456,6 +536,7 @@ impl<B: Backend> Renewer<B> {
             self.renew_batch(chunk).await;
         });
         futures_util::future::join_all(calls).await;
+        give_back.ids.clear();
     }
 
     /// Waits until `chunk` can be sent with no more than [`PACE_BACKLOG`] of renewal work

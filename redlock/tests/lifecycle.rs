@@ -36,6 +36,29 @@ fn cluster_runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// A client guarding locks of `ttl` with `node_timeout`, and a rival making single attempts.
+fn holder_and_rival(
+    cluster: &Cluster,
+    ttl: Duration,
+    node_timeout: Duration,
+) -> (Redlock, Redlock) {
+    let holder = builder(cluster.urls(), ttl)
+        .node_timeout(node_timeout)
+        .build()
+        .unwrap();
+    let rival = builder(cluster.urls(), ttl)
+        .retry(RetryPolicy::once())
+        .build()
+        .unwrap();
+    (holder, rival)
+}
+
+/// Three nodes behind fault proxies, on the servers' runtime `crt`.
+fn proxied_cluster(crt: &tokio::runtime::Runtime) -> Cluster {
+    crt.block_on(Cluster::builder().nodes(3).proxied(true).start())
+        .unwrap()
+}
+
 /// A `Redlock` is `Clone + Send + Sync`; an application may use it from more than one runtime
 /// (or a runtime may shut down while a connection is being opened). The task opening a
 /// connection is dropped with its runtime; the node must not stay "opening" forever with every
@@ -43,9 +66,7 @@ fn cluster_runtime() -> tokio::runtime::Runtime {
 #[test]
 fn a_runtime_dropped_while_a_connection_opens_does_not_wedge_the_node() {
     let crt = cluster_runtime();
-    let cluster = crt
-        .block_on(Cluster::builder().nodes(3).proxied(true).start())
-        .unwrap();
+    let cluster = proxied_cluster(&crt);
     let rl = builder(cluster.urls(), Duration::from_secs(5))
         .connect_timeout(Duration::from_secs(5))
         .retry(RetryPolicy::once())
@@ -121,6 +142,133 @@ fn guards_on_a_second_runtime_are_renewed_or_told_they_are_lost() {
         !(rival_got_it && lost_signal.is_none()),
         "two holders: the lease never signalled loss (renewal driver dead) while a rival acquired"
     );
+    drop(rt2);
+    drop(cluster);
+    drop(crt);
+}
+
+/// A client used from two runtimes at once (parallel tests sharing one client, say): the
+/// renewal driver was one task, on the runtime of the guard that started it, and a guard made
+/// on a second runtime while it ran relied on it. When the first runtime ended, that guard was
+/// never renewed again and its lost signal never fired (found in review). Each runtime that
+/// makes a guard now runs a driver while it lives, so the guard goes on being renewed.
+#[test]
+fn a_guard_on_a_second_runtime_is_renewed_after_the_first_runtime_ends() {
+    let crt = cluster_runtime();
+    let cluster = crt.block_on(Cluster::start(3)).unwrap();
+    let ttl = Duration::from_millis(600);
+    let (rl, rival) = holder_and_rival(&cluster, ttl, Duration::from_millis(200));
+    // Multi-threaded: its tasks (the connections it opened, its driver) run while the other
+    // runtime is used (a current-thread runtime between `block_on` calls cannot be told from
+    // a busy one, docs/protocol.md).
+    let rt1 = cluster_runtime();
+    let first = rt1.block_on(async { rl.guard(rl.acquire("first-rt").await.unwrap()).unwrap() });
+    let rt2 = runtime();
+    let second = rt2.block_on(async { rl.guard(rl.acquire("second-rt").await.unwrap()).unwrap() });
+    drop(first);
+    drop(rt1);
+    let (fired, rival_got_it) = rt2.block_on(async {
+        // Five TTLs: renewals (every 200 ms) must keep the lock.
+        let fired = tokio::time::timeout(ttl * 5, second.lost()).await.ok();
+        (fired, rival.try_acquire("second-rt").await.is_ok())
+    });
+    assert!(
+        fired.is_none() && !rival_got_it,
+        "the guard of the runtime that lives on was not renewed: lost signal {fired:?}, a \
+         rival acquired: {rival_got_it}"
+    );
+    rt2.block_on(second.release()).unwrap();
+    drop(rt2);
+    drop(cluster);
+    drop(crt);
+}
+
+/// A guard made on one runtime and used on another: when the runtime it was made on ends, no
+/// driver is left to renew it (until a guard is made again), and its lost signal — awaited on
+/// the runtime that lives on — must still fire by the lease's deadline. It never fired.
+#[test]
+fn a_guard_moved_to_another_runtime_is_told_it_is_lost_when_renewal_ends() {
+    let crt = cluster_runtime();
+    let cluster = crt.block_on(Cluster::start(3)).unwrap();
+    let ttl = Duration::from_millis(600);
+    let rl = builder(cluster.urls(), ttl)
+        .node_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let rt1 = runtime();
+    let guard = rt1.block_on(async { rl.guard(rl.acquire("moved").await.unwrap()).unwrap() });
+    drop(rt1);
+    let rt2 = runtime();
+    let (fired, at, valid_until) = rt2.block_on(async {
+        let fired = tokio::time::timeout(ttl * 5, guard.lost()).await.ok();
+        (fired, std::time::Instant::now(), guard.valid_until())
+    });
+    assert!(
+        fired.is_some(),
+        "the lost signal of a guard that nothing renews never fired"
+    );
+    assert!(guard.is_lost());
+    println!("lost {fired:?}, {:?} after the deadline", at - valid_until);
+    assert!(
+        at <= valid_until + Duration::from_millis(100),
+        "the lost signal came {:?} after the deadline",
+        at - valid_until
+    );
+    drop(guard);
+    drop(rt2);
+    drop(cluster);
+    drop(crt);
+}
+
+/// A renewal round is a task of the runtime of the driver that started it. Cut short by that
+/// runtime's end while its calls were out, it took the locks it was renewing with it: none was
+/// due again, and a guard renewed by the driver of another runtime expired although every node
+/// was healthy. The round now gives back the locks it had not settled.
+#[test]
+fn a_renewal_round_cut_short_by_its_runtime_gives_its_locks_back() {
+    let crt = cluster_runtime();
+    let cluster = proxied_cluster(&crt);
+    let ttl = Duration::from_secs(3);
+    let (rl, rival) = holder_and_rival(&cluster, ttl, Duration::from_secs(1));
+    let rt1 = runtime();
+    let (guard, in_flight) = rt1.block_on(async {
+        let guard = rl.guard(rl.acquire("cut-short").await.unwrap()).unwrap();
+        // Every call now takes 600 ms; the first renewal is due about 1 s in.
+        for node in cluster.nodes() {
+            node.proxy()
+                .unwrap()
+                .set_delay(Duration::from_millis(300), Duration::ZERO);
+        }
+        let before = cluster.node(0).command_calls("evalsha").await;
+        let seen = common::eventually(Duration::from_secs(3), || async {
+            cluster.node(0).command_calls("evalsha").await > before
+        })
+        .await;
+        (guard, seen)
+    });
+    assert!(in_flight, "no renewal reached node 0");
+    // The renewal ran on node 0 just now; its answer is 300 ms away.
+    drop(rt1);
+    for node in cluster.nodes() {
+        node.proxy().unwrap().heal();
+    }
+    let rt2 = runtime();
+    let (fired, rival_got_it) = rt2.block_on(async {
+        // A guard made here starts a driver on this runtime.
+        let other = rl
+            .guard(rl.acquire("cut-short-other").await.unwrap())
+            .unwrap();
+        let fired = tokio::time::timeout(ttl * 2, guard.lost()).await.ok();
+        let rival_got_it = rival.try_acquire("cut-short").await.is_ok();
+        other.release().await.unwrap();
+        (fired, rival_got_it)
+    });
+    assert!(
+        fired.is_none() && !rival_got_it,
+        "the lock of the round cut short was not renewed again: lost signal {fired:?}, a rival \
+         acquired: {rival_got_it}"
+    );
+    rt2.block_on(guard.release()).unwrap();
     drop(rt2);
     drop(cluster);
     drop(crt);
@@ -317,9 +465,7 @@ fn one_attempt_per_runtime_gets_the_lock_over_a_slower_link() {
 /// the client and the nodes delayed by `delay` each way.
 fn one_attempt_per_runtime(delay: Duration, node_timeout: Duration) {
     let crt = cluster_runtime();
-    let cluster = crt
-        .block_on(Cluster::builder().nodes(3).proxied(true).start())
-        .unwrap();
+    let cluster = proxied_cluster(&crt);
     for node in cluster.nodes() {
         node.proxy().unwrap().set_delay(delay, Duration::ZERO);
     }
@@ -353,9 +499,7 @@ fn one_attempt_per_runtime(delay: Duration, node_timeout: Duration) {
 #[test]
 fn a_script_reload_cut_short_by_its_runtime_does_not_stop_later_reloads() {
     let crt = cluster_runtime();
-    let cluster = crt
-        .block_on(Cluster::builder().nodes(3).proxied(true).start())
-        .unwrap();
+    let cluster = proxied_cluster(&crt);
     let rl = builder(cluster.urls(), Duration::from_secs(5))
         .node_timeout(Duration::from_millis(500))
         .retry(RetryPolicy::once())
