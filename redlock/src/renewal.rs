@@ -18,7 +18,7 @@ use crate::backend::{Backend, Batch, BatchEntry, Op, Renewed};
 use crate::config::Config;
 use crate::det::HashMap;
 use crate::engine::{self, Decision, Judge};
-use crate::error::{Error, LostReason, NodeError, NodeOutcome, Phase};
+use crate::error::{Error, LostReason, NodeError, NodeErrorKind, NodeOutcome, Phase};
 use crate::lease::{Held, NotRenewed};
 use crate::lock::{self, Deadline, Lock};
 use crate::telemetry;
@@ -620,6 +620,7 @@ impl<B: Backend> Renewer<B> {
                 .max()
                 .unwrap_or_default();
         let every = chunk.iter().map(|h| h.every).min().unwrap_or(shortest_ttl);
+        let locks: Arc<[Arc<Held>]> = chunk.into();
         let mut calls: FuturesUnordered<_> = (0..n)
             .map(|i| {
                 let part = NodePart {
@@ -628,6 +629,7 @@ impl<B: Backend> Renewer<B> {
                     every,
                     useful_until,
                     deciding: Arc::clone(&deciding),
+                    locks: Arc::clone(&locks),
                 };
                 let answer = part.run(Arc::clone(&self.backend), Arc::clone(&batch));
                 async move { (i, answer.await, started.elapsed()) }
@@ -1075,19 +1077,37 @@ impl Round {
 /// been silent for the connect timeout and resent after the retry gap, to get it checked, and
 /// came back too late under load in the same test. A call sent later than the round's start
 /// can only leave the key longer than the validity the round counts from its start.
+///
+/// Each call carries only the locks of the round that have not ended (released, handed back
+/// by `stop_renewal`, lost, past their max hold): the others go as entries without keys, which
+/// change nothing, and when none is left nothing is sent. A call sent again after the nodes
+/// came back re-armed the keys of a lock `stop_renewal` had handed back long before (test
+/// `job_leases::no_renewal_is_sent_after_stop_renewal_returns`), and so would one sent after
+/// the round waited for pacing or for room in the window.
 struct NodePart {
     i: usize,
     budget: Duration,
     every: Duration,
     useful_until: Instant,
     deciding: Arc<AtomicBool>,
+    /// The round's locks, in the batch's order.
+    locks: Arc<[Arc<Held>]>,
 }
 
 impl NodePart {
     async fn run<B: Backend>(self, backend: Arc<B>, batch: Arc<Batch>) -> BatchAnswer {
         let i = self.i;
         let check = (self.budget / 4).max(Duration::from_millis(5));
+        let mut last = None;
         loop {
+            let Some(batch) = self.live(&batch) else {
+                return last.unwrap_or_else(|| {
+                    Ok(Err(NodeError::new(
+                        NodeErrorKind::Withdrawn,
+                        "not sent: every lock of the renewal call ended first",
+                    )))
+                });
+            };
             let sent_on = backend.connection(i);
             let mut call = std::pin::pin!(engine::handed_over(
                 backend.extend_many(i, Arc::clone(&batch))
@@ -1124,7 +1144,37 @@ impl NodePart {
             if !self.deciding() {
                 return answer;
             }
+            last = Some(answer);
         }
+    }
+
+    /// `batch` for the locks that have not ended, the others without keys; `None` when every
+    /// lock ended.
+    fn live(&self, batch: &Arc<Batch>) -> Option<Arc<Batch>> {
+        let ended = |h: &Arc<Held>| h.is_done() || h.lost.is_cancelled();
+        let over = self.locks.iter().filter(|h| ended(h)).count();
+        if over == 0 {
+            return Some(Arc::clone(batch));
+        }
+        if over == self.locks.len() {
+            return None;
+        }
+        let none: Arc<[String]> = Arc::new([]);
+        let locks = batch
+            .locks
+            .iter()
+            .zip(self.locks.iter())
+            .map(|(entry, held)| BatchEntry {
+                keys: if ended(held) {
+                    Arc::clone(&none)
+                } else {
+                    Arc::clone(&entry.keys)
+                },
+                token: entry.token.clone(),
+                ttl_ms: entry.ttl_ms,
+            })
+            .collect();
+        Some(Arc::new(Batch { locks }))
     }
 
     fn deciding(&self) -> bool {

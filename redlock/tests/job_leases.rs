@@ -113,3 +113,57 @@ async fn no_max_hold_keeps_renewing_past_the_limit() {
     drop(capped);
     assert_eq!(unlimited.config().max_hold, Duration::MAX);
 }
+
+/// A renewal round that two nodes fail (reset) stays open, and its calls to them are sent again
+/// after each retry gap while the round is undecided. Those calls went on after
+/// `stop_renewal` (and after a release or the max hold, for whatever locks the call carried):
+/// once the nodes came back, the next one re-armed the keys there, although the lock had been
+/// handed back as plain data long before (found in review). A call is sent only for the locks
+/// of its round that have not ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_renewal_is_sent_after_stop_renewal_returns() {
+    let cluster = common::proxied(3).await;
+    let ttl = Duration::from_secs(2);
+    let rl = client(&cluster, ttl).build().unwrap();
+    let key = "redlock:lock:stopped-mid-round";
+    let taken = Instant::now();
+    let guard = rl.lock("stopped-mid-round").guard().await.unwrap();
+    let slack = taken.elapsed() + Duration::from_millis(20);
+    for i in [1, 2] {
+        cluster.node(i).proxy().unwrap().partition();
+    }
+    // The first renewal is due about 530–670 ms in; node 0 runs it, nodes 1 and 2 reset it.
+    let before = cluster.node(0).command_calls("evalsha").await;
+    let renewing = common::eventually(Duration::from_secs(2), || async {
+        cluster.node(0).command_calls("evalsha").await > before
+    })
+    .await;
+    assert!(renewing, "no renewal reached node 0");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let lock = guard.stop_renewal();
+    // Anything already on its way to nodes 1 and 2 fails while they stay cut off (the retry
+    // gap is about 170 ms).
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    for i in [1, 2] {
+        cluster.node(i).proxy().unwrap().heal();
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let pttls = common::pttls(&cluster, key).await;
+    // Counting down from the acquire: at most the TTL less the time since.
+    let most = i64::try_from((ttl + slack).saturating_sub(taken.elapsed()).as_millis()).unwrap();
+    println!("PTTL {pttls:?}, at most {most} ms unless re-armed");
+    // The acquire's quorum granted on node 0 and on node 1 or 2 (the other's grant may have
+    // been cut off by the partition): one of them still counts down.
+    assert!(
+        pttls[1] > 0 || pttls[2] > 0,
+        "no key left on nodes 1 and 2 to check: {pttls:?}"
+    );
+    for i in [1, 2] {
+        assert!(
+            pttls[i] <= most,
+            "node {i}'s key was re-armed after stop_renewal returned: PTTL {pttls:?}, at most \
+             {most} ms"
+        );
+    }
+    rl.release(lock).await.unwrap();
+}
