@@ -39,6 +39,9 @@ pub(crate) struct Held {
     /// The nodes this lease marked with [`Held::held_on`], one bit per node (a cache of the
     /// lock's record, which lives in `granted`).
     pub(crate) held_on: AtomicU64,
+    /// The renewal round this lock is in (0: none), so that a round dropped before it ends
+    /// gives back the locks it has not settled, and only those (see `renewal::GiveBack`).
+    pub(crate) round: AtomicU64,
     /// Set when the guard is released or dropped. Held while a renewal hands over a repair,
     /// so a repair is either sent before the release or not at all.
     pub(crate) done: Mutex<bool>,
@@ -194,14 +197,21 @@ impl Lease {
     /// It resolves by the lease's deadline at the latest, also when nothing renews the lock
     /// any more: the renewal driver is a task of a runtime that made a guard, and when every
     /// such runtime has ended (the guard lives on in another), nothing would fire the signal —
-    /// this waits for the deadline itself, on the caller's runtime.
+    /// awaited on a tokio runtime (with its timer enabled, as every call of this crate needs),
+    /// this waits for the deadline itself. Elsewhere (another executor) it waits for the
+    /// signal only. That wait counts the monotonic clock: after a suspend with no driver left
+    /// it resolves late; `is_lost()` tells at once.
     ///
     /// # Cancel safety
-    /// Safe: it only observes the signal.
+    /// Safe: it only observes the signal and the clock.
     pub async fn lost(&self) -> LostReason {
         // A guard moved to a runtime whose own driver never ran waited here for good once the
         // runtime it was made on ended (test `lifecycle::a_guard_moved_to_another_runtime_is_
         // told_it_is_lost_when_renewal_ends`).
+        if tokio::runtime::Handle::try_current().is_err() {
+            self.held.lost.cancelled().await;
+            return self.reason().unwrap_or(LostReason::Released);
+        }
         loop {
             let end = self.held.valid_until().mono();
             crate::det::select! {
@@ -414,14 +424,12 @@ pub(crate) trait Releaser: Send + Sync + 'static {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
+impl Held {
     /// A lease of one key, valid until `valid_until`, as the renewal driver holds it.
-    fn held(valid_until: Deadline) -> Held {
+    pub(crate) fn for_test(id: u64, valid_until: Deadline) -> Self {
         let now = Instant::now();
-        Held {
-            id: 1,
+        Self {
+            id,
             resources: Arc::from(vec!["r".to_owned()]),
             keys: Arc::from(vec!["lock:r".to_owned()]),
             token: Token::random().expect("entropy"),
@@ -437,9 +445,15 @@ mod tests {
             lost: CancellationToken::new(),
             reason: OnceLock::new(),
             held_on: AtomicU64::new(0),
+            round: AtomicU64::new(0),
             done: Mutex::new(false),
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     /// A renewal decided after the lease's validity ran out, before the driver fired `Expired`
     /// (its timer a millisecond late, its task behind another): the lease stays lost. Its
@@ -448,12 +462,12 @@ mod tests {
     #[test]
     fn a_renewal_decided_after_the_validity_ran_out_does_not_revive_the_lease() {
         let started = Deadline::clocks();
-        let lease = held(Deadline::after(started, Duration::ZERO));
+        let lease = Held::for_test(1, Deadline::after(started, Duration::ZERO));
         let renewal = Deadline::after(started, Duration::from_secs(9));
         assert_eq!(lease.renewed(renewal), Err(NotRenewed::Passed));
         assert!(lease.valid_until().passed());
 
-        let lease = held(Deadline::after(started, Duration::from_secs(5)));
+        let lease = Held::for_test(1, Deadline::after(started, Duration::from_secs(5)));
         assert_eq!(lease.renewed(renewal), Ok(()));
         assert_eq!(lease.valid_until(), renewal);
     }
@@ -465,7 +479,7 @@ mod tests {
     fn a_renewal_settling_after_stop_renewal_leaves_the_validity() {
         let started = Deadline::clocks();
         let before = Deadline::after(started, Duration::from_secs(5));
-        let lease = held(before);
+        let lease = Held::for_test(1, before);
         lease.fire(LostReason::RenewalStopped);
         let renewal = Deadline::after(started, Duration::from_secs(9));
         assert_eq!(lease.renewed(renewal), Err(NotRenewed::Ended));

@@ -65,6 +65,8 @@ pub(crate) struct Renewals {
     state: Mutex<RenewState>,
     wake: Notify,
     next_id: AtomicU64,
+    /// Numbers the renewal rounds (see [`Held::round`]); 0 is no round.
+    next_round: AtomicU64,
 }
 
 /// The driver's work per wake is proportional to what is due or ending then, never to the
@@ -189,6 +191,15 @@ impl Renewals {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Wakes every driver, and the next one to wait if none waits now: a driver whose runtime
+    /// is not running (a current-thread runtime between `block_on` calls) cannot act on a
+    /// wake-up, and `notify_one` woke the driver that had waited longest — that one (found in
+    /// review).
+    fn wake_drivers(&self) {
+        self.wake.notify_waiters();
+        self.wake.notify_one();
+    }
+
     fn remove(&self, id: u64) {
         self.lock().remove(id);
     }
@@ -294,6 +305,7 @@ impl<B: Backend> Renewer<B> {
             lost: CancellationToken::new(),
             reason: OnceLock::new(),
             held_on: std::sync::atomic::AtomicU64::new(0),
+            round: std::sync::atomic::AtomicU64::new(0),
             done: Mutex::new(false),
         });
         // A guard is made on a runtime (`LockGuard::new` checks); without one, no driver starts
@@ -325,7 +337,7 @@ impl<B: Backend> Renewer<B> {
             };
             runtime.spawn(drive(Arc::downgrade(self), running));
         } else if wake {
-            self.renewals.wake.notify_one();
+            self.renewals.wake_drivers();
         }
         held
     }
@@ -426,8 +438,11 @@ async fn drive<B: Backend>(renewer: Weak<Renewer<B>>, mut running: DriverRunning
         };
         last = (now, boot);
         if !due.is_empty() {
+            // Made here, not in the round's task: a task dropped before it first ran (its
+            // runtime shut down right after this pass) gives its locks back too.
+            let give_back = GiveBack::new(&renewer.renewals, &due);
             let r = Arc::clone(&renewer);
-            tokio::spawn(async move { r.renew(due).await });
+            tokio::spawn(async move { r.renew(due, give_back).await });
         }
         let renewals = Arc::clone(&renewer.renewals);
         drop(renewer);
@@ -468,7 +483,7 @@ impl DriverRunning {
         st.drivers.retain(|id| *id != self.id);
         st.next_wake = None;
         drop(st);
-        self.renewals.wake.notify_one();
+        self.renewals.wake_drivers();
     }
 }
 
@@ -485,29 +500,60 @@ impl Drop for DriverRunning {
 /// due list for a round is put on it again only when the round settles it, so a round cut
 /// short took its locks with it: never renewed again, they expired with every node healthy
 /// (test `lifecycle::a_renewal_round_cut_short_by_its_runtime_gives_its_locks_back`). Each
-/// that is still held and not due already (settled before the cut) is due at once.
-struct GiveBack {
+/// that is still held and still in this round ([`Held::round`]: not settled, nor taken into a
+/// later round since) is due at once. Not when the round panicked: a panic that always
+/// happens would come back every tick; the locks expire instead.
+pub(crate) struct GiveBack {
     renewals: Arc<Renewals>,
-    ids: Vec<u64>,
+    round: u64,
+    locks: Vec<Arc<Held>>,
+}
+
+impl GiveBack {
+    /// Puts `locks`, just taken off the due list, in a new round.
+    fn new(renewals: &Arc<Renewals>, locks: &[Arc<Held>]) -> Self {
+        let round = renewals.next_round.fetch_add(1, Ordering::Relaxed) + 1;
+        for held in locks {
+            held.round.store(round, Ordering::Release);
+        }
+        Self {
+            renewals: Arc::clone(renewals),
+            round,
+            locks: locks.to_vec(),
+        }
+    }
+
+    /// The round ended: every lock was settled.
+    fn disarm(&mut self) {
+        self.locks.clear();
+    }
 }
 
 impl Drop for GiveBack {
     fn drop(&mut self) {
-        if self.ids.is_empty() {
+        if self.locks.is_empty() || std::thread::panicking() {
             return;
         }
         let now = Instant::now();
         let mut st = self.renewals.lock();
-        let due: std::collections::HashSet<u64> =
-            st.due.iter().map(|Reverse((_, id))| *id).collect();
-        for &id in &self.ids {
-            if st.entries.contains_key(&id) && !due.contains(&id) {
-                st.due.push(Reverse((now, id)));
+        let mut any = false;
+        for held in &self.locks {
+            let ours = held
+                .round
+                .compare_exchange(self.round, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok();
+            if ours && st.entries.contains_key(&held.id) {
+                st.due.push(Reverse((now, held.id)));
+                any = true;
             }
         }
-        st.next_wake = None;
+        if any {
+            st.next_wake = None;
+        }
         drop(st);
-        self.renewals.wake.notify_one();
+        if any {
+            self.renewals.wake_drivers();
+        }
     }
 }
 
@@ -521,11 +567,7 @@ impl<B: Backend> Renewer<B> {
     /// The calls go out together, as long as no more than [`RENEWAL_WINDOW`] locks are in
     /// flight (counting other rounds still going): over a slow link a round of many calls costs
     /// about one round trip, not one per call.
-    async fn renew(self: Arc<Self>, locks: Vec<Arc<Held>>) {
-        let mut give_back = GiveBack {
-            renewals: Arc::clone(&self.renewals),
-            ids: locks.iter().map(|h| h.id).collect(),
-        };
+    async fn renew(self: Arc<Self>, locks: Vec<Arc<Held>>, mut give_back: GiveBack) {
         let calls = locks.chunks(BATCH_CHUNK).map(|chunk| async {
             let places = u32::try_from(chunk.len()).unwrap_or(u32::MAX);
             // Never closed: the semaphore lives as long as `self`.
@@ -536,7 +578,7 @@ impl<B: Backend> Renewer<B> {
             self.renew_batch(chunk).await;
         });
         futures_util::future::join_all(calls).await;
-        give_back.ids.clear();
+        give_back.disarm();
     }
 
     /// Waits until `chunk` can be sent with no more than [`PACE_BACKLOG`] of renewal work
@@ -852,6 +894,7 @@ impl<B: Backend> Renewer<B> {
         now: Instant,
     ) -> Option<(Instant, u64, Option<Instant>)> {
         round.settled[j] = true;
+        held.round.store(0, Ordering::Release);
         let started = round.started;
         let (ok, elapsed) = round.decided[j].unwrap_or((false, started.elapsed()));
         let decision = Decision {
@@ -937,7 +980,7 @@ impl<B: Backend> Renewer<B> {
         drop(st);
         // Only a retry due before the driver's next look needs to wake it.
         if sooner {
-            self.renewals.wake.notify_one();
+            self.renewals.wake_drivers();
         }
     }
 }
@@ -1100,7 +1143,7 @@ impl NodePart {
         let check = (self.budget / 4).max(Duration::from_millis(5));
         let mut last = None;
         loop {
-            let Some(batch) = self.live(&batch) else {
+            let Some((batch, unasked)) = self.live(&batch) else {
                 return last.unwrap_or_else(|| {
                     Ok(Err(NodeError::new(
                         NodeErrorKind::Withdrawn,
@@ -1126,6 +1169,15 @@ impl NodePart {
                 }
                 answer = tokio::time::timeout(check.min(left), &mut call).await;
             }
+            // An entry sent without keys answers "extended" for nothing: it is a refusal here
+            // (its lock ended; it must not count as renewed, nor mark the node as holding it).
+            if let (Ok(Ok(answers)), Some(unasked)) = (&mut answer, &unasked) {
+                for (a, &skip) in answers.iter_mut().zip(unasked) {
+                    if skip {
+                        *a = Renewed::Refused;
+                    }
+                }
+            }
             if matches!(answer, Ok(Ok(_))) || !self.deciding() {
                 return answer;
             }
@@ -1148,13 +1200,14 @@ impl NodePart {
         }
     }
 
-    /// `batch` for the locks that have not ended, the others without keys; `None` when every
-    /// lock ended.
-    fn live(&self, batch: &Arc<Batch>) -> Option<Arc<Batch>> {
+    /// `batch` for the locks that have not ended, the others without keys (marked in the
+    /// mask, `None` when there are none); `None` when every lock ended.
+    fn live(&self, batch: &Arc<Batch>) -> Option<(Arc<Batch>, Option<Vec<bool>>)> {
         let ended = |h: &Arc<Held>| h.is_done() || h.lost.is_cancelled();
-        let over = self.locks.iter().filter(|h| ended(h)).count();
+        let mask: Vec<bool> = self.locks.iter().map(ended).collect();
+        let over = mask.iter().filter(|&&e| e).count();
         if over == 0 {
-            return Some(Arc::clone(batch));
+            return Some((Arc::clone(batch), None));
         }
         if over == self.locks.len() {
             return None;
@@ -1163,9 +1216,9 @@ impl NodePart {
         let locks = batch
             .locks
             .iter()
-            .zip(self.locks.iter())
-            .map(|(entry, held)| BatchEntry {
-                keys: if ended(held) {
+            .zip(&mask)
+            .map(|(entry, &skip)| BatchEntry {
+                keys: if skip {
                     Arc::clone(&none)
                 } else {
                     Arc::clone(&entry.keys)
@@ -1174,7 +1227,7 @@ impl NodePart {
                 ttl_ms: entry.ttl_ms,
             })
             .collect();
-        Some(Arc::new(Batch { locks }))
+        Some((Arc::new(Batch { locks }), Some(mask)))
     }
 
     fn deciding(&self) -> bool {
@@ -1269,6 +1322,80 @@ fn put_back<B: Backend>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The ids on the due list, in no order, each as often as it is there.
+    fn due_ids(renewals: &Renewals) -> Vec<u64> {
+        renewals
+            .lock()
+            .due
+            .iter()
+            .map(|Reverse((_, id))| *id)
+            .collect()
+    }
+
+    /// A held lock on `renewals`' book, taken off the due list for a round.
+    fn taken(renewals: &Renewals, id: u64) -> Arc<Held> {
+        let held = Arc::new(Held::for_test(
+            id,
+            Deadline::after(Deadline::clocks(), Duration::from_secs(10)),
+        ));
+        let mut st = renewals.lock();
+        st.insert(Arc::clone(&held), Instant::now());
+        assert!(st.due.pop().is_some());
+        held
+    }
+
+    /// A round's task dropped before it first ran (its runtime shut down right after the
+    /// driver's pass) gives its locks back: the give-back is made with the round, by the
+    /// driver, and travels into the task. Made inside the task, it did not exist yet, and the
+    /// locks were never due again (found in review).
+    #[test]
+    fn a_round_dropped_before_it_ran_gives_its_locks_back() {
+        let renewals = Arc::new(Renewals::default());
+        let held = taken(&renewals, 7);
+        let give_back = GiveBack::new(&renewals, &[Arc::clone(&held)]);
+        let round = async move {
+            let _give_back = give_back;
+            std::future::pending::<()>().await;
+        };
+        drop(round);
+        assert_eq!(due_ids(&renewals), vec![7]);
+        assert_eq!(held.round.load(Ordering::Acquire), 0);
+    }
+
+    /// A lock the round settled and a later round (of another runtime's driver) took again is
+    /// not given back by the first round's drop: "not on the due list" is not "not settled",
+    /// and the lock was due twice from then on (found in review).
+    #[test]
+    fn a_lock_settled_and_taken_again_is_not_given_back_twice() {
+        let renewals = Arc::new(Renewals::default());
+        let held = taken(&renewals, 9);
+        let first = GiveBack::new(&renewals, &[Arc::clone(&held)]);
+        // The first round settles it (as `Renewer::settle` and `reschedule` do) ...
+        held.round.store(0, Ordering::Release);
+        renewals.lock().due.push(Reverse((Instant::now(), 9)));
+        // ... and a later round takes it.
+        assert!(renewals.lock().due.pop().is_some());
+        let second = GiveBack::new(&renewals, &[Arc::clone(&held)]);
+        drop(first);
+        assert!(
+            due_ids(&renewals).is_empty(),
+            "given back by the round that settled it"
+        );
+        drop(second);
+        assert_eq!(due_ids(&renewals), vec![9]);
+    }
+
+    /// A lock that ended while its round was out is not given back.
+    #[test]
+    fn an_ended_lock_is_not_given_back() {
+        let renewals = Arc::new(Renewals::default());
+        let held = taken(&renewals, 3);
+        let give_back = GiveBack::new(&renewals, &[Arc::clone(&held)]);
+        renewals.remove(3);
+        drop(give_back);
+        assert!(due_ids(&renewals).is_empty());
+    }
 
     #[test]
     fn cadence_defaults_to_a_third_of_the_ttl() {

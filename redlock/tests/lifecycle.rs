@@ -220,6 +220,84 @@ fn a_guard_moved_to_another_runtime_is_told_it_is_lost_when_renewal_ends() {
     drop(crt);
 }
 
+/// Drivers of several runtimes wait for the same wake-up. A current-thread runtime between
+/// `block_on` calls keeps its driver, waiting, but does not run it; the wake-up a new guard
+/// sends went to the driver that had waited longest — that one — and the driver of the runtime
+/// in use slept on to the end of its tick (1 s, set by a 30 s lock), while the new guard's
+/// short lock needed renewing within 100 ms: it expired with every node healthy (found in
+/// review). Every driver is woken now.
+#[test]
+fn a_driver_on_an_idle_runtime_does_not_take_the_wake_ups_of_a_busy_one() {
+    let crt = cluster_runtime();
+    let cluster = crt.block_on(Cluster::start(3)).unwrap();
+    let (rl, rival) = holder_and_rival(
+        &cluster,
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+    );
+    // The connections are the busy runtime's (it runs them all along).
+    let busy = cluster_runtime();
+    busy.block_on(rl.connect());
+    let idle = runtime();
+    let first = idle.block_on(async {
+        let guard = rl.guard(rl.acquire("idle-rt").await.unwrap()).unwrap();
+        // The driver started here waits for a wake-up (or its tick) when this returns.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        guard
+    });
+    let short = Duration::from_millis(300);
+    let lost = busy.block_on(async {
+        let long = rl.lock("busy-rt").guard().await.unwrap();
+        let mut lost = Vec::new();
+        for round in 0..3 {
+            let name = format!("short-{round}");
+            let guard = rl.lock(&name).ttl(short).guard().await.unwrap();
+            // Three TTLs: renewals every 100 ms must keep it.
+            let fired = tokio::time::timeout(short * 3, guard.lost()).await.ok();
+            let taken = rival.try_acquire(&name).await.is_ok();
+            lost.push((fired, taken));
+            drop(guard);
+        }
+        long.release().await.unwrap();
+        lost
+    });
+    assert!(
+        lost.iter().all(|(fired, taken)| fired.is_none() && !taken),
+        "short locks guarded on the busy runtime were not renewed (lost signal, rival took \
+         it): {lost:?}"
+    );
+    drop(first);
+    drop(idle);
+    drop(busy);
+    drop(cluster);
+    drop(crt);
+}
+
+/// `Lease::lost()` polled outside a tokio runtime (another executor) waits for the signal
+/// alone: its wait for the lease's deadline needs tokio's timer, and building it there
+/// panicked (found in review of that wait).
+#[test]
+fn a_lease_awaited_outside_a_runtime_still_resolves() {
+    let crt = cluster_runtime();
+    let cluster = crt.block_on(Cluster::start(3)).unwrap();
+    let rl = builder(cluster.urls(), Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let rt = runtime();
+    let guard = rt.block_on(async { rl.guard(rl.acquire("elsewhere").await.unwrap()).unwrap() });
+    let lease = guard.lease();
+    rt.block_on(guard.release()).unwrap();
+    let got =
+        std::thread::spawn(move || futures_util::FutureExt::now_or_never(lease.lost())).join();
+    assert!(
+        matches!(got, Ok(Some(redlock::LostReason::Released))),
+        "a released lease polled outside a runtime: {got:?}"
+    );
+    drop(rt);
+    drop(cluster);
+    drop(crt);
+}
+
 /// A renewal round is a task of the runtime of the driver that started it. Cut short by that
 /// runtime's end while its calls were out, it took the locks it was renewing with it: none was
 /// due again, and a guard renewed by the driver of another runtime expired although every node
