@@ -336,7 +336,12 @@ impl<B: Backend> Renewer<B> {
                 stopped: false,
             };
             runtime.spawn(drive(Arc::downgrade(self), running));
-        } else if wake {
+        }
+        // Also when a driver was just started here: it runs only once this runtime does, which
+        // a current-thread runtime between `block_on` calls does not, and the drivers already
+        // running must look at the new lock (found in review: a short lock guarded on a fresh
+        // runtime that then sat idle expired while a busy runtime's driver slept to its tick).
+        if wake {
             self.renewals.wake_drivers();
         }
         held
@@ -501,8 +506,9 @@ impl Drop for DriverRunning {
 /// short took its locks with it: never renewed again, they expired with every node healthy
 /// (test `lifecycle::a_renewal_round_cut_short_by_its_runtime_gives_its_locks_back`). Each
 /// that is still held and still in this round ([`Held::round`]: not settled, nor taken into a
-/// later round since) is due at once. Not when the round panicked: a panic that always
-/// happens would come back every tick; the locks expire instead.
+/// later round since) is due at once. Also when the thread is unwinding: a current-thread
+/// runtime dropped by a panicking test drops its rounds then, with other runtimes' locks in
+/// them (a round that panicked itself is given back too, and tried again).
 pub(crate) struct GiveBack {
     renewals: Arc<Renewals>,
     round: u64,
@@ -522,16 +528,11 @@ impl GiveBack {
             locks: locks.to_vec(),
         }
     }
-
-    /// The round ended: every lock was settled.
-    fn disarm(&mut self) {
-        self.locks.clear();
-    }
 }
 
 impl Drop for GiveBack {
     fn drop(&mut self) {
-        if self.locks.is_empty() || std::thread::panicking() {
+        if self.locks.is_empty() {
             return;
         }
         let now = Instant::now();
@@ -567,7 +568,7 @@ impl<B: Backend> Renewer<B> {
     /// The calls go out together, as long as no more than [`RENEWAL_WINDOW`] locks are in
     /// flight (counting other rounds still going): over a slow link a round of many calls costs
     /// about one round trip, not one per call.
-    async fn renew(self: Arc<Self>, locks: Vec<Arc<Held>>, mut give_back: GiveBack) {
+    async fn renew(self: Arc<Self>, locks: Vec<Arc<Held>>, give_back: GiveBack) {
         let calls = locks.chunks(BATCH_CHUNK).map(|chunk| async {
             let places = u32::try_from(chunk.len()).unwrap_or(u32::MAX);
             // Never closed: the semaphore lives as long as `self`.
@@ -578,7 +579,8 @@ impl<B: Backend> Renewer<B> {
             self.renew_batch(chunk).await;
         });
         futures_util::future::join_all(calls).await;
-        give_back.disarm();
+        // Every lock was settled (its round cleared): the give-back finds nothing to do.
+        drop(give_back);
     }
 
     /// Waits until `chunk` can be sent with no more than [`PACE_BACKLOG`] of renewal work

@@ -53,6 +53,34 @@ fn holder_and_rival(
     (holder, rival)
 }
 
+/// The servers' runtime, three nodes, a client of 30 s locks (its renewal ticks are 1 s) with
+/// a rival, and a multi-threaded runtime that opened the client's connections and runs them.
+fn busy_runtime_of_30_s_locks() -> (
+    tokio::runtime::Runtime,
+    Cluster,
+    Redlock,
+    Redlock,
+    tokio::runtime::Runtime,
+) {
+    let crt = cluster_runtime();
+    let cluster = crt.block_on(Cluster::start(3)).unwrap();
+    let (rl, rival) = holder_and_rival(
+        &cluster,
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+    );
+    let busy = cluster_runtime();
+    busy.block_on(rl.connect());
+    (crt, cluster, rl, rival, busy)
+}
+
+/// Sleeps until 100 ms into the next 1 s renewal tick of drivers counting from `epoch`.
+async fn into_a_tick(epoch: std::time::Instant) {
+    let into = epoch.elapsed();
+    let tick_ends = Duration::from_secs(into.as_secs() + 1);
+    tokio::time::sleep(tick_ends - into + Duration::from_millis(100)).await;
+}
+
 /// Three nodes behind fault proxies, on the servers' runtime `crt`.
 fn proxied_cluster(crt: &tokio::runtime::Runtime) -> Cluster {
     crt.block_on(Cluster::builder().nodes(3).proxied(true).start())
@@ -210,7 +238,7 @@ fn a_guard_moved_to_another_runtime_is_told_it_is_lost_when_renewal_ends() {
     assert!(guard.is_lost());
     println!("lost {fired:?}, {:?} after the deadline", at - valid_until);
     assert!(
-        at <= valid_until + Duration::from_millis(100),
+        at <= valid_until + Duration::from_millis(300),
         "the lost signal came {:?} after the deadline",
         at - valid_until
     );
@@ -224,37 +252,27 @@ fn a_guard_moved_to_another_runtime_is_told_it_is_lost_when_renewal_ends() {
 /// `block_on` calls keeps its driver, waiting, but does not run it; the wake-up a new guard
 /// sends went to the driver that had waited longest — that one — and the driver of the runtime
 /// in use slept on to the end of its tick (1 s, set by a 30 s lock), while the new guard's
-/// short lock needed renewing within 100 ms: it expired with every node healthy (found in
+/// short lock needed renewing within 133 ms: it expired with every node healthy (found in
 /// review). Every driver is woken now.
 #[test]
 fn a_driver_on_an_idle_runtime_does_not_take_the_wake_ups_of_a_busy_one() {
-    let crt = cluster_runtime();
-    let cluster = crt.block_on(Cluster::start(3)).unwrap();
-    let (rl, rival) = holder_and_rival(
-        &cluster,
-        Duration::from_secs(30),
-        Duration::from_millis(200),
-    );
-    // The connections are the busy runtime's (it runs them all along).
-    let busy = cluster_runtime();
-    busy.block_on(rl.connect());
+    let (crt, cluster, rl, rival, busy) = busy_runtime_of_30_s_locks();
     let idle = runtime();
-    // The drivers count their 1 s ticks from about when the first one started, here.
-    let epoch = std::time::Instant::now();
-    let first = idle.block_on(async {
+    let (first, epoch) = idle.block_on(async {
         let guard = rl.guard(rl.acquire("idle-rt").await.unwrap()).unwrap();
+        // The drivers count their 1 s ticks from when the first one started: here, at the
+        // next await.
+        let epoch = std::time::Instant::now();
         // The driver started here waits for a wake-up (or its tick) when this returns.
         tokio::time::sleep(Duration::from_millis(20)).await;
-        guard
+        (guard, epoch)
     });
     // Renewed every 133 ms. Made 100 ms into a tick, so that the busy runtime's driver, left
     // asleep, would look again only 900 ms later, past this lock's validity.
     let short = Duration::from_millis(400);
     let (fired, taken) = busy.block_on(async {
         let long = rl.lock("busy-rt").guard().await.unwrap();
-        let into = epoch.elapsed();
-        let tick_ends = Duration::from_secs(into.as_secs() + 1);
-        tokio::time::sleep(tick_ends - into + Duration::from_millis(100)).await;
+        into_a_tick(epoch).await;
         let guard = rl.lock("short").ttl(short).guard().await.unwrap();
         // Three TTLs: the renewals must keep it.
         let fired = tokio::time::timeout(short * 3, guard.lost()).await.ok();
@@ -270,6 +288,42 @@ fn a_driver_on_an_idle_runtime_does_not_take_the_wake_ups_of_a_busy_one() {
     );
     drop(first);
     drop(idle);
+    drop(busy);
+    drop(cluster);
+    drop(crt);
+}
+
+/// A guard made on a fresh current-thread runtime starts a driver there, which runs only when
+/// that runtime does: a runtime that then sits idle (its `block_on` returned) leaves the lock
+/// to the drivers already running, and the new guard did not wake them. A busy runtime's
+/// driver slept to the end of its 1 s tick while the 400 ms lock expired (found in review).
+#[test]
+fn a_guard_made_on_a_runtime_that_then_idles_is_renewed_by_a_running_driver() {
+    let (crt, cluster, rl, rival, busy) = busy_runtime_of_30_s_locks();
+    let long = busy.block_on(async {
+        let long = rl.lock("busy-rt").guard().await.unwrap();
+        // The busy runtime's driver, the first, counts its 1 s ticks from about now; the short
+        // lock is made 100 ms into a tick, 900 ms before that driver would look again.
+        let epoch = std::time::Instant::now();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        into_a_tick(epoch).await;
+        long
+    });
+    let fresh = runtime();
+    let short = Duration::from_millis(400);
+    let guard = fresh.block_on(async { rl.lock("short-fresh").ttl(short).guard().await.unwrap() });
+    let (fired, taken) = busy.block_on(async {
+        let fired = tokio::time::timeout(short * 3, guard.lost()).await.ok();
+        (fired, rival.try_acquire("short-fresh").await.is_ok())
+    });
+    assert!(
+        fired.is_none() && !taken,
+        "a lock guarded on a runtime that then sat idle was not renewed: lost signal {fired:?}, \
+         a rival took it: {taken}"
+    );
+    busy.block_on(long.release()).unwrap();
+    drop(guard);
+    drop(fresh);
     drop(busy);
     drop(cluster);
     drop(crt);
@@ -324,10 +378,13 @@ fn a_renewal_round_cut_short_by_its_runtime_gives_its_locks_back() {
             cluster.node(0).command_calls("evalsha").await > before
         })
         .await;
+        // No answer may come back before the runtime ends: the round must be cut short.
+        for node in cluster.nodes() {
+            node.proxy().unwrap().blackhole();
+        }
         (guard, seen)
     });
     assert!(in_flight, "no renewal reached node 0");
-    // The renewal ran on node 0 just now; its answer is 300 ms away.
     drop(rt1);
     for node in cluster.nodes() {
         node.proxy().unwrap().heal();
