@@ -474,12 +474,17 @@ async fn a_release_falls_back_to_the_script_when_the_native_delete_is_refused() 
     for round in 0..2 {
         let lock = rl.try_acquire("acl:native").await.expect("granted");
         let report = rl.release(lock).await;
+        // Released once no quorum holds the key: deleted there, or never granted there (on a
+        // busy machine a CI run returned with one delete, one node holding nothing and the
+        // third still to answer). The refused native delete failed the node instead.
         assert!(
-            report.as_ref().is_ok_and(|r| r.released() >= 2),
+            report
+                .as_ref()
+                .is_ok_and(|r| r.released() >= 1 && r.released() + r.not_held() >= 2),
             "{name} {version}, native delete {native:?} refused, release {round}: {report:?}"
         );
     }
-    assert!(common::no_lock_keys_within(&cluster, Duration::from_secs(1)).await);
+    assert!(common::no_lock_keys_within(&cluster, Duration::from_secs(2)).await);
 }
 
 /// The native release sends its wake-up in the same round trip as the delete. When the server

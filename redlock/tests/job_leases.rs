@@ -166,5 +166,8 @@ async fn no_renewal_is_sent_after_stop_renewal_returns() {
              {most} ms"
         );
     }
-    rl.release(lock).await.unwrap();
+    // Cleanup only (the keys expire with their TTL anyway): the client's connections to nodes
+    // 1 and 2 were reset and may not have been replaced yet (a CI run failed here, "broken
+    // pipe" from both, with node 0 slow).
+    let _ = rl.release(lock).await;
 }
