@@ -445,9 +445,9 @@ async fn drive<B: Backend>(renewer: Weak<Renewer<B>>, mut running: DriverRunning
         if !due.is_empty() {
             // Made here, not in the round's task: a task dropped before it first ran (its
             // runtime shut down right after this pass) gives its locks back too.
-            let give_back = GiveBack::new(&renewer.renewals, &due);
+            let round = GiveBack::new(&renewer.renewals, due);
             let r = Arc::clone(&renewer);
-            tokio::spawn(async move { r.renew(due, give_back).await });
+            tokio::spawn(async move { r.renew(round).await });
         }
         let renewals = Arc::clone(&renewer.renewals);
         drop(renewer);
@@ -516,35 +516,43 @@ pub(crate) struct GiveBack {
 }
 
 impl GiveBack {
-    /// Puts `locks`, just taken off the due list, in a new round.
-    fn new(renewals: &Arc<Renewals>, locks: &[Arc<Held>]) -> Self {
+    /// Puts `locks`, just taken off the due list, in a new round (which renews them from here).
+    fn new(renewals: &Arc<Renewals>, locks: Vec<Arc<Held>>) -> Self {
         let round = renewals.next_round.fetch_add(1, Ordering::Relaxed) + 1;
-        for held in locks {
+        for held in &locks {
             held.round.store(round, Ordering::Release);
         }
         Self {
             renewals: Arc::clone(renewals),
             round,
-            locks: locks.to_vec(),
+            locks,
         }
     }
 }
 
 impl Drop for GiveBack {
     fn drop(&mut self) {
-        if self.locks.is_empty() {
+        // A round that ended settled every lock: nothing is still in it, and the book is not
+        // locked.
+        let left: Vec<u64> = self
+            .locks
+            .iter()
+            .filter(|held| {
+                held.round
+                    .compare_exchange(self.round, 0, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            })
+            .map(|held| held.id)
+            .collect();
+        if left.is_empty() {
             return;
         }
         let now = Instant::now();
         let mut st = self.renewals.lock();
         let mut any = false;
-        for held in &self.locks {
-            let ours = held
-                .round
-                .compare_exchange(self.round, 0, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok();
-            if ours && st.entries.contains_key(&held.id) {
-                st.due.push(Reverse((now, held.id)));
+        for id in left {
+            if st.entries.contains_key(&id) {
+                st.due.push(Reverse((now, id)));
                 any = true;
             }
         }
@@ -568,8 +576,8 @@ impl<B: Backend> Renewer<B> {
     /// The calls go out together, as long as no more than [`RENEWAL_WINDOW`] locks are in
     /// flight (counting other rounds still going): over a slow link a round of many calls costs
     /// about one round trip, not one per call.
-    async fn renew(self: Arc<Self>, locks: Vec<Arc<Held>>, give_back: GiveBack) {
-        let calls = locks.chunks(BATCH_CHUNK).map(|chunk| async {
+    async fn renew(self: Arc<Self>, round: GiveBack) {
+        let calls = round.locks.chunks(BATCH_CHUNK).map(|chunk| async {
             let places = u32::try_from(chunk.len()).unwrap_or(u32::MAX);
             // Never closed: the semaphore lives as long as `self`.
             let Ok(_places) = self.window.acquire_many(places).await else {
@@ -580,7 +588,7 @@ impl<B: Backend> Renewer<B> {
         });
         futures_util::future::join_all(calls).await;
         // Every lock was settled (its round cleared): the give-back finds nothing to do.
-        drop(give_back);
+        drop(round);
     }
 
     /// Waits until `chunk` can be sent with no more than [`PACE_BACKLOG`] of renewal work
@@ -1355,7 +1363,7 @@ mod tests {
     fn a_round_dropped_before_it_ran_gives_its_locks_back() {
         let renewals = Arc::new(Renewals::default());
         let held = taken(&renewals, 7);
-        let give_back = GiveBack::new(&renewals, &[Arc::clone(&held)]);
+        let give_back = GiveBack::new(&renewals, vec![Arc::clone(&held)]);
         let round = async move {
             let _give_back = give_back;
             std::future::pending::<()>().await;
@@ -1372,13 +1380,13 @@ mod tests {
     fn a_lock_settled_and_taken_again_is_not_given_back_twice() {
         let renewals = Arc::new(Renewals::default());
         let held = taken(&renewals, 9);
-        let first = GiveBack::new(&renewals, &[Arc::clone(&held)]);
+        let first = GiveBack::new(&renewals, vec![Arc::clone(&held)]);
         // The first round settles it (as `Renewer::settle` and `reschedule` do) ...
         held.round.store(0, Ordering::Release);
         renewals.lock().due.push(Reverse((Instant::now(), 9)));
         // ... and a later round takes it.
         assert!(renewals.lock().due.pop().is_some());
-        let second = GiveBack::new(&renewals, &[Arc::clone(&held)]);
+        let second = GiveBack::new(&renewals, vec![Arc::clone(&held)]);
         drop(first);
         assert!(
             due_ids(&renewals).is_empty(),
@@ -1393,7 +1401,7 @@ mod tests {
     fn an_ended_lock_is_not_given_back() {
         let renewals = Arc::new(Renewals::default());
         let held = taken(&renewals, 3);
-        let give_back = GiveBack::new(&renewals, &[Arc::clone(&held)]);
+        let give_back = GiveBack::new(&renewals, vec![Arc::clone(&held)]);
         renewals.remove(3);
         drop(give_back);
         assert!(due_ids(&renewals).is_empty());
