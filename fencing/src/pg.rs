@@ -157,7 +157,11 @@ pub(crate) fn from_pg(err: tokio_postgres::Error) -> FenceError {
 ///
 /// `nextval` never hands one value to two callers and never goes back (unless an operator
 /// resets the sequence), which is all a scalar token needs. Values skipped by rolled-back
-/// transactions are harmless.
+/// transactions are harmless. That holds across sessions only for a sequence with `CACHE 1`
+/// (the default), `NO CYCLE` and a positive increment: with a cache, each session draws from
+/// its own block of values, so a value drawn later on one connection can be below one drawn
+/// earlier on another, and a stale holder would be admitted. [`next`](Self::next) checks the
+/// sequence's settings on every draw and refuses any other sequence.
 ///
 /// A value orders lock holders only if it was drawn while the lock was held: draw it after
 /// acquiring, then check that the lock is still valid (`Lock::is_valid` in `redlock`) after
@@ -183,7 +187,13 @@ impl PgSequence {
         check_ident(name)?;
         Ok(Self {
             name: name.to_owned(),
-            next_sql: format!("SELECT nextval('{}')", quoted(name, "")),
+            // The sequence's settings come back with the value, in the same round trip: a
+            // sequence altered after `create` (or made by someone else) is checked on every draw.
+            next_sql: format!(
+                "SELECT nextval(s.seqrelid), s.seqcache, s.seqcycle, s.seqincrement \
+                 FROM pg_catalog.pg_sequence s WHERE s.seqrelid = '{}'::regclass",
+                quoted(name, "")
+            ),
         })
     }
 
@@ -211,7 +221,9 @@ impl PgSequence {
     ///
     /// # Errors
     ///
-    /// [`FenceError::Backend`].
+    /// [`FenceError::InvalidConfig`] for a sequence that can hand out values out of order
+    /// (a `CACHE` above 1, `CYCLE`, or an increment that is not positive; the value drawn is
+    /// not handed out), [`FenceError::Backend`] otherwise.
     ///
     /// # Cancel safety
     ///
@@ -222,6 +234,20 @@ impl PgSequence {
             .await
             .map_err(from_pg)?;
         let v: i64 = row.try_get(0).map_err(from_pg)?;
+        let cache: i64 = row.try_get(1).map_err(from_pg)?;
+        let cycle: bool = row.try_get(2).map_err(from_pg)?;
+        let increment: i64 = row.try_get(3).map_err(from_pg)?;
+        if cache != 1 || cycle || increment <= 0 {
+            return Err(FenceError::InvalidConfig {
+                reason: format!(
+                    "sequence {} can hand out values out of order (CACHE {cache}, {}, \
+                     INCREMENT BY {increment}); scalar tokens need CACHE 1, NO CYCLE and a \
+                     positive increment",
+                    self.name,
+                    if cycle { "CYCLE" } else { "NO CYCLE" },
+                ),
+            });
+        }
         u64::try_from(v)
             .map(ScalarToken)
             .map_err(|_| FenceError::UnexpectedReply {

@@ -164,6 +164,72 @@ async fn sequence_scalar_tokens() {
     );
 }
 
+/// A sequence that caches values per session hands them out of order across sessions: a
+/// holder drawing from one connection can get a value above the one a later holder draws from
+/// another, and a stale write would be admitted. So do `CYCLE` and a negative increment. Such
+/// a sequence is refused, and the value drawn is not handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_that_can_hand_out_values_out_of_order_is_refused() {
+    let pg = server().await;
+    let mut first = pg.connect().await.unwrap();
+    let second = pg.connect().await.unwrap();
+    let fence = PgFence::new();
+    fence.create_schema(&first).await.unwrap();
+    for (name, alter) in [
+        ("cached_seq", "CACHE 10"),
+        ("cycling_seq", "MAXVALUE 1000 CYCLE"),
+        (
+            "falling_seq",
+            "INCREMENT BY -1 MINVALUE 1 MAXVALUE 1000000 START 1000000 RESTART",
+        ),
+    ] {
+        let seq = PgSequence::new(&format!("public.{name}")).unwrap();
+        seq.create(&first).await.unwrap();
+        first
+            .batch_execute(&format!("ALTER SEQUENCE public.{name} {alter}"))
+            .await
+            .unwrap();
+        for client in [&first, &second] {
+            let err = seq.next(client).await.unwrap_err();
+            assert!(
+                matches!(err, FenceError::InvalidConfig { .. }),
+                "{name}: {err}"
+            );
+            assert!(err.to_string().contains(name), "{name}: {err}");
+        }
+    }
+
+    // What the refusal prevents: with CACHE 10 the second session's first value comes before
+    // the first session's second one, and is above it.
+    first
+        .batch_execute("CREATE SEQUENCE public.raw_cached CACHE 10")
+        .await
+        .unwrap();
+    let one = |row: redlock_testkit::tokio_postgres::Row| row.get::<_, i64>(0);
+    let a = one(first
+        .query_one("SELECT nextval('public.raw_cached')", &[])
+        .await
+        .unwrap());
+    let b = one(second
+        .query_one("SELECT nextval('public.raw_cached')", &[])
+        .await
+        .unwrap());
+    let c = one(first
+        .query_one("SELECT nextval('public.raw_cached')", &[])
+        .await
+        .unwrap());
+    assert!(a < c && c < b, "drawn in the order a, b, c: {a}, {b}, {c}");
+    let tx = first.transaction().await.unwrap();
+    assert_eq!(
+        fence.admit(&tx, "s", ScalarToken(c as u64)).await.unwrap(),
+        Admission::Advanced
+    );
+    assert!(
+        fence.admit(&tx, "s", ScalarToken(b as u64)).await.is_ok(),
+        "b, drawn before c, is admitted after it: why such a sequence must be refused"
+    );
+}
+
 #[test]
 fn names_are_validated_before_they_reach_sql() {
     for bad in [
