@@ -718,3 +718,44 @@ fn a_guard_made_outside_a_runtime_is_an_error_and_leaves_nothing_renewed() {
     drop(cluster);
     drop(crt);
 }
+
+/// Servers that close a client's idle connections (redis.conf `timeout`, a managed service's
+/// idle limit, `CLIENT KILL`, a proxy's idle timeout): the next request on each node must not
+/// fail because the client still held the closed connection. A release of a lock held past
+/// the idle limit, and the next single attempt, both go out on new connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_after_the_servers_closed_idle_connections_go_out_on_new_ones() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let rl = builder(cluster.urls(), Duration::from_secs(30))
+        .node_timeout(Duration::from_millis(500))
+        .retry(RetryPolicy::once())
+        .build()
+        .unwrap();
+    let rival = builder(cluster.urls(), Duration::from_secs(30))
+        .node_timeout(Duration::from_millis(500))
+        .retry(RetryPolicy::once())
+        .build()
+        .unwrap();
+    rl.connect().await;
+    let lock = rl.try_acquire("idle-closed").await.unwrap();
+    for i in 0..3 {
+        cluster.node(i).kill_clients().await.unwrap();
+    }
+    // The client's connections see the close while idle.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let released = rl.release(lock).await;
+    let left = cluster.keys("*idle-closed*").await;
+    assert!(
+        released.is_ok() && left.is_empty(),
+        "release after the servers closed idle connections: {released:?}, keys left {left:?}"
+    );
+    // And the next single attempt, after another round of closes.
+    for i in 0..3 {
+        cluster.node(i).kill_clients().await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let again = rl.try_acquire("idle-closed").await;
+    assert!(again.is_ok(), "single attempt after idle closes: {again:?}");
+    rl.release(again.unwrap()).await.unwrap();
+    assert!(rival.try_acquire("idle-closed").await.is_ok());
+}

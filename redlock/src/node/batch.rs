@@ -9,6 +9,7 @@
 //! after its acquire still reaches the node after it.
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use futures_util::FutureExt;
@@ -16,7 +17,9 @@ use futures_util::future::{self, BoxFuture};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::{Live, REQUEST_QUEUE, RESCAN_AFTER, RedisNode, lock, quarantine_check};
+use super::{
+    Again, Live, REQUEST_QUEUE, RESCAN_AFTER, RedisNode, from_server, lock, quarantine_check,
+};
 use crate::backend::{Batch, Fate, Op, Renewed, Reply};
 use crate::engine;
 use crate::error::{NodeError, NodeErrorKind};
@@ -210,6 +213,7 @@ impl RedisNode {
         live: Live,
         op: Arc<Op>,
         fate: Option<Fate>,
+        again: Again,
     ) -> BoxFuture<'static, Result<Reply, NodeError>> {
         let refused = |e: NodeError| {
             if let Some(fate) = &fate {
@@ -240,6 +244,7 @@ impl RedisNode {
             };
             let node = Arc::clone(self);
             let replaced = live.outbox.replaced.clone();
+            let closed = matches!(again, Again::May).then(|| Arc::clone(&live.closed));
             return async move {
                 let answer = tokio::select! {
                     biased;
@@ -247,9 +252,31 @@ impl RedisNode {
                     () = replaced.cancelled() => None,
                 };
                 drop(place);
-                match answer {
-                    Some(answer) => answer,
-                    None => node.after_replacement(&[op]).await.remove(0),
+                let Some(answer) = answer else {
+                    return node.after_replacement(&[op]).await.remove(0);
+                };
+                // A request that found its connection closed goes out once more, on a new one.
+                // The server closes an idle connection (its `timeout`, a managed service's idle
+                // limit, `CLIENT KILL`, a restart) without the client noticing until it sends,
+                // and then the request fails at once without leaving the client. Failed for
+                // good, the first release after the close left the lock on every node for its
+                // TTL, and the first single attempt failed everywhere (test `lifecycle::
+                // requests_after_the_servers_closed_idle_connections_go_out_on_new_ones`,
+                // found in review). Sent again, a request that did run before its connection
+                // broke finds its own work: a release deletes nothing, an acquire or extension
+                // re-arms its own keys. Its fate says it was sent, so its lock's release still
+                // goes to the node. Requests that waited in the outbox are not sent again:
+                // the first request on an idle connection goes out here.
+                match closed {
+                    Some(closed)
+                        if answer.is_err()
+                            && !from_server(&answer)
+                            && closed.load(Ordering::Acquire) =>
+                    {
+                        tracing::debug!(node = %node.name, "the connection was found closed; sending the request again on a new one");
+                        node.run_as(op, fate, Again::Not).await
+                    }
+                    _ => answer,
                 }
             }
             .boxed();

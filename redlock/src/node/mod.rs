@@ -38,6 +38,14 @@ const REQUEST_QUEUE: usize = 1 << 16;
 /// request, and one per this many keeps each request's share of that work to a few reads.
 const RESCAN_AFTER: usize = REQUEST_QUEUE / 16;
 
+/// Whether a request that finds its connection closed may go out once more on a new one (see
+/// [`RedisNode::submit`]); a request sent again may not.
+#[derive(Clone, Copy)]
+enum Again {
+    May,
+    Not,
+}
+
 /// What a connection's handshake learned, shared by every request sent on that connection.
 #[derive(Clone)]
 struct Live {
@@ -60,6 +68,8 @@ struct Live {
     native_refused: Arc<AtomicBool>,
     /// Whether answers still come back on this connection.
     heard: Arc<Heard>,
+    /// A request on it failed because the connection was closed (see [`RedisNode::failed`]).
+    closed: Arc<AtomicBool>,
     /// Whether the runtime whose task drives this connection still runs.
     runtime: Arc<RuntimeWatch>,
 }
@@ -812,6 +822,7 @@ impl RedisNode {
             native,
             native_refused: Arc::default(),
             heard: Arc::default(),
+            closed: Arc::default(),
             runtime: RuntimeWatch::current(),
         })
     }
@@ -992,8 +1003,14 @@ impl RedisNode {
         )
     }
 
-    /// Converts a command error, dropping the connection when it is broken.
+    /// Converts a command error, dropping the connection when it is broken. A connection the
+    /// server closed (its idle `timeout`, `CLIENT KILL`, a restart, a proxy's idle limit) is
+    /// marked `closed`, which lets the request that found it so go out again on a new one
+    /// (see [`RedisNode::submit`]).
     fn failed(&self, live: &Live, e: &redis::RedisError, token: &str) -> NodeError {
+        if e.is_connection_dropped() {
+            live.closed.store(true, Ordering::Release);
+        }
         if e.is_unrecoverable_error() || e.is_connection_dropped() || e.is_io_error() {
             self.invalidate(live.generation);
         }
@@ -1147,15 +1164,26 @@ impl RedisNode {
         op: Arc<Op>,
         fate: Option<Fate>,
     ) -> BoxFuture<'static, Result<Reply, NodeError>> {
+        self.run_as(op, fate, Again::May)
+    }
+
+    /// [`RedisNode::run`]; `again` tells whether the request may go out once more on a new
+    /// connection if it finds its connection closed.
+    fn run_as(
+        self: &Arc<Self>,
+        op: Arc<Op>,
+        fate: Option<Fate>,
+        again: Again,
+    ) -> BoxFuture<'static, Result<Reply, NodeError>> {
         let node = Arc::clone(self);
         let waits = fate.clone();
         if matches!(*op, Op::Release { .. }) {
             return self.with_live_as(true, true, waits.as_ref(), move |live| {
-                SeenThrough::boxed(node.submit(live, op, fate))
+                SeenThrough::boxed(node.submit(live, op, fate, again))
             });
         }
         self.with_live_as(false, true, waits.as_ref(), move |live| {
-            node.submit(live, op, fate)
+            node.submit(live, op, fate, again)
         })
     }
 
