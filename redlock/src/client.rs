@@ -265,10 +265,14 @@ impl Redlock {
     /// to twice that when a node's answer to the acquire was still out at the release). That
     /// release sends no delete to a node the lock may have written on without the node's clock
     /// being read (it never answered the acquire with a grant or a refusal; never counted as
-    /// confirming): what is there expires with the TTL. After a failed release of a lock taken
-    /// with a fresh token whose token you read ([`Lock::token`]), re-take it with a fresh token:
+    /// confirming): what is there expires with the TTL. After a release of a lock taken with a
+    /// fresh token whose token you read ([`Lock::token`]) that failed, or succeeded without
+    /// every node's answer ([`ReleaseReport::unknown`] above 0), re-take it with a fresh token:
     /// such a release has no node clock to bound its deletes by, and is waited for only while
-    /// it waits for their answers.
+    /// it waits for their answers (a delete held up in a connection later replaced is sent
+    /// again after that).
+    ///
+    /// [`ReleaseReport::unknown`]: crate::ReleaseReport::unknown
     ///
     /// # Cancel safety
     /// As [`Redlock::acquire`], with the cleanup limited as above.

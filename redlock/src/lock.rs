@@ -172,7 +172,8 @@ impl Lock {
     /// Unless the lock was itself taken with `try_acquire_with_token`, a re-claim with this
     /// token waits for the deletes of a failed release of this lock only while the release
     /// waits for their answers (about twice the node timeout plus one second); later ones can
-    /// take its keys: after a failed release, re-take the lock with a fresh token.
+    /// take its keys: after a release that failed, or succeeded without every node's answer
+    /// ([`ReleaseReport::unknown`] above 0), re-take the lock with a fresh token.
     ///
     /// [`Redlock::try_acquire_with_token`]: crate::Redlock::try_acquire_with_token
     pub fn token(&self) -> &Token {
