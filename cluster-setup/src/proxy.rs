@@ -34,6 +34,8 @@ struct State {
     fault: Fault,
     /// Added to every chunk of the connections accepted while it is set, for their whole life.
     new_delay: Duration,
+    /// Bumped by [`FaultProxy::reset_open`]: connections accepted before are reset.
+    resets: u64,
 }
 
 /// A TCP proxy in front of one server, with live fault controls.
@@ -49,6 +51,8 @@ struct State {
 ///   Discarding them would corrupt the byte stream and desynchronise pipelined clients.
 /// * [`partition`](Self::partition): existing connections are reset (RST) and new ones are
 ///   reset right after `accept`.
+/// * [`reset_open`](Self::reset_open): the connections open now are reset (RST), new ones
+///   are accepted as usual — a server that dropped its clients, or a link that broke once.
 /// * [`set_new_connection_delay`](Self::set_new_connection_delay): connections accepted from
 ///   then on are slowed for their whole life, the ones already open are not — one connection
 ///   of a client slow while its others are not.
@@ -133,10 +137,21 @@ impl FaultProxy {
         self.state.send_modify(|s| s.fault = Fault::Partition);
     }
 
+    /// Resets (RST) every connection open now, in both directions, whatever it is carrying;
+    /// connections accepted from now on are not affected.
+    pub fn reset_open(&self) {
+        self.state.send_modify(|s| s.resets += 1);
+    }
+
     /// Removes every fault and delay (connections accepted under a
     /// [new-connection delay](Self::set_new_connection_delay) keep theirs).
     pub fn heal(&self) {
-        self.state.send_replace(State::default());
+        self.state.send_modify(|s| {
+            *s = State {
+                resets: s.resets,
+                ..State::default()
+            };
+        });
     }
 }
 
@@ -172,10 +187,12 @@ fn reset(stream: TcpStream) {
     drop(stream);
 }
 
-/// Resolves with `true` when a partition starts, `false` when the proxy is dropped.
-async fn partitioned(state: &mut watch::Receiver<State>) -> bool {
+/// Resolves with `true` when a partition starts or the connections open are reset (the
+/// reset count is no longer `resets`), `false` when the proxy is dropped.
+async fn partitioned(state: &mut watch::Receiver<State>, resets: u64) -> bool {
     loop {
-        if state.borrow_and_update().fault == Fault::Partition {
+        let now = *state.borrow_and_update();
+        if now.fault == Fault::Partition || now.resets != resets {
             return true;
         }
         if state.changed().await.is_err() {
@@ -191,9 +208,10 @@ async fn serve(
     mut state: watch::Receiver<State>,
     own_delay: Duration,
 ) {
+    let resets = state.borrow().resets;
     let upstream = tokio::select! {
         upstream = timeout(UPSTREAM_CONNECT_TIMEOUT, TcpStream::connect(target)) => upstream,
-        _ = partitioned(&mut state) => {
+        _ = partitioned(&mut state, resets) => {
             reset(client);
             return;
         }
@@ -217,7 +235,7 @@ async fn serve(
         };
         tokio::select! {
             _ = forward => false,
-            partition = partitioned(&mut state) => partition,
+            partition = partitioned(&mut state, resets) => partition,
         }
     };
     if partition {

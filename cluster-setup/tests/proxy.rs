@@ -212,3 +212,28 @@ async fn dropping_the_proxy_stops_it() {
     assert!(ping(&mut conn).await.is_err());
     assert!(connect(&url).await.is_err());
 }
+
+#[tokio::test]
+async fn reset_open_breaks_only_the_connections_open_now() {
+    let cluster = proxied_node().await;
+    let proxy = cluster.node(0).proxy().unwrap();
+    let mut old = connect(&proxy.url()).await.unwrap();
+    assert_eq!(ping(&mut old).await.unwrap(), "PONG");
+    proxy.reset_open();
+    let broken = timeout(Duration::from_secs(2), async {
+        loop {
+            if ping(&mut old).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(broken.is_ok(), "the open connection still answers");
+    let mut new = connect(&proxy.url()).await.unwrap();
+    assert_eq!(ping(&mut new).await.unwrap(), "PONG");
+    // A heal does not reset again what was opened since.
+    proxy.heal();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(ping(&mut new).await.unwrap(), "PONG");
+}

@@ -246,30 +246,43 @@ impl RedisNode {
             let replaced = live.outbox.replaced.clone();
             let closed = matches!(again, Again::May).then(|| Arc::clone(&live.closed));
             return async move {
-                let answer = tokio::select! {
-                    biased;
-                    answer = node.request(live, &op) => Some(answer),
-                    () = replaced.cancelled() => None,
+                // Whether the request failed the first time it was polled: redis-rs hands a
+                // request to the connection's driver task on that poll, so an error then is
+                // one it answered without writing anything (the driver had ended).
+                let answer = {
+                    let mut call = std::pin::pin!(node.request(live, &op));
+                    let mut first = true;
+                    let call = std::future::poll_fn(|cx| {
+                        let first = std::mem::replace(&mut first, false);
+                        call.as_mut().poll(cx).map(|answer| (answer, first))
+                    });
+                    tokio::select! {
+                        biased;
+                        answer = call => Some(answer),
+                        () = replaced.cancelled() => None,
+                    }
                 };
                 drop(place);
-                let Some(answer) = answer else {
+                let Some((answer, unwritten)) = answer else {
                     return node.after_replacement(&[op]).await.remove(0);
                 };
-                // A request that found its connection closed goes out once more, on a new one.
-                // The server closes an idle connection (its `timeout`, a managed service's idle
-                // limit, `CLIENT KILL`, a restart) without the client noticing until it sends,
-                // and then the request fails at once without leaving the client. Failed for
-                // good, the first release after the close left the lock on every node for its
-                // TTL, and the first single attempt failed everywhere (test `lifecycle::
-                // requests_after_the_servers_closed_idle_connections_go_out_on_new_ones`,
-                // found in review). Sent again, a request that did run before its connection
-                // broke finds its own work: a release deletes nothing, an acquire or extension
-                // re-arms its own keys. Its fate says it was sent, so its lock's release still
-                // goes to the node. Requests that waited in the outbox are not sent again:
-                // the first request on an idle connection goes out here.
+                // A request that found its connection closed, and was not written on it, goes
+                // out once more on a new connection. The server closes an idle connection (its
+                // `timeout`, a managed service's idle limit, `CLIENT KILL`, a restart) without
+                // the client noticing until it sends, and then redis-rs fails the request at
+                // once without writing it. Failed for good, the first release after the close
+                // left the lock on every node for its TTL, and the first single attempt failed
+                // everywhere (test `lifecycle::requests_after_the_servers_closed_idle_
+                // connections_go_out_on_new_ones`, found in review). Only a request that was
+                // never written: one that was, and whose connection broke before its answer,
+                // may have run, and a copy could land after a release made meanwhile, or find
+                // its own key and be read as refused (review of the first version, which sent
+                // those too; test `lifecycle::a_request_whose_connection_breaks_in_flight_is_
+                // not_sent_again`). Its fate says it was sent, as before.
                 match closed {
                     Some(closed)
-                        if answer.is_err()
+                        if unwritten
+                            && answer.is_err()
                             && !from_server(&answer)
                             && closed.load(Ordering::Acquire) =>
                     {
