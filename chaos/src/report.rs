@@ -177,7 +177,7 @@ pub fn analyze(mode: &'static str, settings: &Settings, out: &Outcomes) -> Summa
 /// none of the faults it was asked for, or could not read a register's final value checked
 /// nothing of what it reports, and passed as if it had (found in review: an empty history, or
 /// `--duration 5s`, which schedules no fault, passed).
-fn vacuous(settings: &Settings, out: &Outcomes) -> Vec<String> {
+pub(crate) fn vacuous(settings: &Settings, out: &Outcomes) -> Vec<String> {
     let done = |kind: Kind| {
         out.ops
             .iter()

@@ -237,6 +237,11 @@ pub struct Batch {
     pub caught: Option<(u64, String)>,
     /// Histories whose run could not be set up.
     pub errors: u64,
+    /// Histories that checked nothing: no grant, no admitted write, or none of the faults
+    /// asked for.
+    pub vacuous: u64,
+    /// The first few of them, with what each lacked.
+    pub vacuous_seeds: Vec<(u64, String)>,
 }
 
 /// Runs `count` histories from `settings.seed` on `threads` threads, prints the result, and
@@ -279,6 +284,13 @@ pub fn main(settings: Settings, count: u64, threads: usize, json: Option<PathBuf
                         Ok((summary, outcomes)) => {
                             b.ops += outcomes.ops.len() as u64;
                             b.faults += outcomes.faults.len() as u64;
+                            let empty = report::vacuous(&one, &outcomes);
+                            if !empty.is_empty() {
+                                b.vacuous += 1;
+                                if b.vacuous_seeds.len() < 5 {
+                                    b.vacuous_seeds.push((seed, empty.join("; ")));
+                                }
+                            }
                             for v in summary.verdicts.iter().filter(|v| v.violations > 0) {
                                 match b.violated.iter_mut().find(|(n, _)| n == v.name) {
                                     Some(e) => e.1 += 1,
@@ -360,17 +372,37 @@ pub fn main(settings: Settings, count: u64, threads: usize, json: Option<PathBuf
             replay_flags(&settings)
         );
     }
+    // A negative control passes only if it catches its violation in a quarter of the
+    // histories or more: one caught history passed before, so a checker that lost nearly all
+    // its power still passed (found in review). At 4df4d80 the three controls of CI caught
+    // 235, 126 and 178 of 300.
     for control in &controls {
-        if !b.violated.iter().any(|(n, _)| n == control) {
+        let caught = b
+            .violated
+            .iter()
+            .find(|(n, _)| n == control)
+            .map_or(0, |(_, n)| *n);
+        if caught == 0 {
             failures.push(format!("negative control: {control} found no violation"));
+        } else if caught * 4 < b.histories {
+            failures.push(format!(
+                "negative control: {control} found a violation in only {caught} of {} histories (at least a quarter expected)",
+                b.histories
+            ));
         }
     }
-    // Histories that did nothing, or injected none of the faults asked for, checked nothing.
-    if b.ops == 0 {
-        failures.push("no operation in any history: nothing was checked".to_owned());
+    // A history that granted nothing, admitted no write or injected none of the faults asked
+    // for checked nothing, and each one counts as a failure: counted over the whole batch
+    // (operations and faults summed), a simulated cluster that never granted passed every
+    // seed, its failed acquires counting as operations (found in review).
+    for (seed, what) in &b.vacuous_seeds {
+        println!("  CHECKED NOTHING seed {seed}: {what}");
     }
-    if !nemesis.is_empty() && b.faults == 0 {
-        failures.push("no fault was injected in any history".to_owned());
+    if b.vacuous > 0 {
+        failures.push(format!(
+            "{} of {} histories checked nothing",
+            b.vacuous, b.histories
+        ));
     }
     if let Some((seed, first)) = &b.caught {
         println!("  negative control first caught at seed {seed}: {first}");

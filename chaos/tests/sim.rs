@@ -171,3 +171,27 @@ fn histories_with_a_large_drift_factor_end_and_pass() {
         }
     }
 }
+
+/// A batch fails when any of its histories checked nothing: here 6 s histories, some of which
+/// end before their first fault. Counted over the whole batch, as before, the few histories
+/// with a fault let every other pass.
+#[test]
+fn a_batch_with_histories_that_checked_nothing_fails() {
+    let short = Settings {
+        duration: Duration::from_secs(6),
+        ..settings(1, &[Kind::Kill, Kind::Pause])
+    };
+    let dir = std::env::temp_dir().join(format!("sim-vacuous-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("batch.json");
+    let code = sim::main(short.clone(), 20, 2, Some(json.clone()));
+    let batch: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let vacuous = batch["vacuous"].as_u64().unwrap();
+    let faults = batch["faults"].as_u64().unwrap();
+    assert!(
+        vacuous > 0 && faults > 0,
+        "premise: some of the 20 histories had a fault and some none ({vacuous} without, {faults} faults)"
+    );
+    assert_eq!(code, std::process::ExitCode::FAILURE);
+}

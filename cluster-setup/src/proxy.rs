@@ -176,8 +176,11 @@ async fn accept_loop(listener: TcpListener, target: SocketAddr, state: watch::Re
             reset(client);
             continue;
         }
-        let own_delay = state.borrow().new_delay;
-        tokio::spawn(serve(client, target, state.clone(), own_delay));
+        let (own_delay, resets) = {
+            let now = state.borrow();
+            (now.new_delay, now.resets)
+        };
+        tokio::spawn(serve(client, target, state.clone(), own_delay, resets));
     }
 }
 
@@ -201,14 +204,16 @@ async fn partitioned(state: &mut watch::Receiver<State>, resets: u64) -> bool {
     }
 }
 
-/// Forwards one accepted connection, each chunk `own_delay` later than the shared delay says.
+/// Forwards one accepted connection, each chunk `own_delay` later than the shared delay says,
+/// until a partition or a reset of the connections open (counted from `resets`, the count
+/// when it was accepted).
 async fn serve(
     mut client: TcpStream,
     target: SocketAddr,
     mut state: watch::Receiver<State>,
     own_delay: Duration,
+    resets: u64,
 ) {
-    let resets = state.borrow().resets;
     let upstream = tokio::select! {
         upstream = timeout(UPSTREAM_CONNECT_TIMEOUT, TcpStream::connect(target)) => upstream,
         _ = partitioned(&mut state, resets) => {
