@@ -742,7 +742,7 @@ async fn requests_after_the_servers_closed_idle_connections_go_out_on_new_ones()
         cluster.node(i).kill_clients().await.unwrap();
     }
     // The client's connections see the close while idle.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let released = rl.release(lock).await;
     // The release returns at a quorum of deletes; the third may still be on its way.
     let gone = || async { cluster.keys("*idle-closed*").await.is_empty() };
@@ -756,7 +756,7 @@ async fn requests_after_the_servers_closed_idle_connections_go_out_on_new_ones()
     for i in 0..3 {
         cluster.node(i).kill_clients().await.unwrap();
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let again = rl.try_acquire("idle-closed").await;
     assert!(again.is_ok(), "single attempt after idle closes: {again:?}");
     rl.release(again.unwrap()).await.unwrap();
@@ -784,26 +784,26 @@ async fn a_request_whose_connection_breaks_in_flight_is_not_sent_again() {
     }
     let rl = builder(cluster.urls(), Duration::from_secs(30))
         .claim_stamps(false)
-        .node_timeout(Duration::from_secs(2))
+        .node_timeout(Duration::from_secs(3))
         .retry(RetryPolicy::once())
         .build()
         .unwrap();
     rl.connect().await;
     let proxy = |i: usize| cluster.node(i).proxy().unwrap();
-    proxy(0).set_delay(Duration::from_millis(200), Duration::ZERO);
+    proxy(0).set_delay(Duration::from_millis(300), Duration::ZERO);
     for i in [1, 2] {
-        proxy(i).set_delay(Duration::from_millis(500), Duration::ZERO);
+        proxy(i).set_delay(Duration::from_millis(700), Duration::ZERO);
     }
     let sets_before = cluster.node(0).command_calls("set").await;
     let attempt = {
         let rl = rl.clone();
         tokio::spawn(async move { rl.try_acquire(resource).await })
     };
-    // The SET reaches node 0 at about 200 ms; its answer would be back at about 400 ms.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The SET reaches node 0 at about 300 ms; its answer would be back at about 600 ms.
+    tokio::time::sleep(Duration::from_millis(450)).await;
     proxy(0).reset_open();
     proxy(0).set_delay(Duration::ZERO, Duration::ZERO);
-    let result = tokio::time::timeout(Duration::from_secs(5), attempt)
+    let result = tokio::time::timeout(Duration::from_secs(8), attempt)
         .await
         .expect("the attempt ends")
         .unwrap();
