@@ -353,6 +353,7 @@ pub async fn run(settings: &Settings) -> Result<Outcomes, String> {
         finals,
         leftovers,
         span: (start_ns, end_ns),
+        pauses_struck: None,
     })
 }
 

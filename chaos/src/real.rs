@@ -274,6 +274,7 @@ pub async fn run(settings: &Settings) -> Result<Outcomes, String> {
         finals,
         leftovers,
         span: (start_ns, end_ns),
+        pauses_struck: Some(slots.struck()),
     })
 }
 

@@ -1,6 +1,7 @@
 //! The workload: clients contending for resources, each hold read-modify-writing the
 //! resource's register, every operation recorded.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -60,7 +61,7 @@ impl Stop for BlockThread {
 
 /// A client's pending pause, set by the nemesis and taken at the next read→write gap.
 #[derive(Debug, Default)]
-pub struct PauseSlot(Mutex<Option<Duration>>);
+pub struct PauseSlot(Mutex<Option<Duration>>, AtomicU64);
 
 impl PauseSlot {
     /// Asks for a pause of `lasts` at the next gap.
@@ -69,13 +70,29 @@ impl PauseSlot {
     }
 
     fn take(&self) -> Option<Duration> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+        let taken = self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if taken.is_some() {
+            self.1.fetch_add(1, Ordering::Relaxed);
+        }
+        taken
+    }
+
+    /// How many pauses struck (were taken at a gap between a read and its write).
+    pub fn struck(&self) -> u64 {
+        self.1.load(Ordering::Relaxed)
     }
 }
 
 /// Pause slots of every client of one process.
 #[derive(Debug, Default)]
 pub struct PauseSlots(pub Vec<Arc<PauseSlot>>);
+
+impl PauseSlots {
+    /// How many pauses struck, over every client.
+    pub fn struck(&self) -> u64 {
+        self.0.iter().map(|s| s.struck()).sum()
+    }
+}
 
 impl crate::nemesis::Pauser for PauseSlots {
     fn pause(&self, client: usize, lasts: Duration) {
