@@ -388,7 +388,7 @@ impl RedisFence {
         conn: &mut C,
         resource: &str,
     ) -> Result<HighWater, FenceError> {
-        let flat: Vec<String> = redis::cmd("HGETALL")
+        let flat: Vec<Vec<u8>> = redis::cmd("HGETALL")
             .arg(self.high_water_key(resource))
             .query_async(conn)
             .await
@@ -427,7 +427,12 @@ impl RedisFence {
                 }
             }
         }
-        let (code, flat): (i64, Vec<String>) = call.invoke_async(conn).await.map_err(from_redis)?;
+        // Node names as bytes: the verdict is the code's, and a name that is not UTF-8 (kept
+        // from before names were checked) is only shown. Decoded as text, it turned a `Stale`
+        // into a backend error, which callers may retry (test `a_stale_token_is_stale_even_
+        // beside_a_node_name_that_is_not_utf8`, found in review).
+        let (code, flat): (i64, Vec<Vec<u8>>) =
+            call.invoke_async(conn).await.map_err(from_redis)?;
         let verdict = match code {
             1 => Ok(Admission::Advanced),
             2 => Ok(Admission::Repeated),
@@ -447,13 +452,15 @@ impl RedisFence {
     }
 }
 
-fn parse_flat(flat: Vec<String>) -> Result<HighWater, FenceError> {
+fn parse_flat(flat: Vec<Vec<u8>>) -> Result<HighWater, FenceError> {
     let mut entries = Vec::with_capacity(flat.len() / 2);
     let mut it = flat.into_iter();
     while let (Some(node), Some(stamp)) = (it.next(), it.next()) {
-        let stamp = stamp
-            .parse::<u64>()
-            .map_err(|_| FenceError::UnexpectedReply {
+        let node = String::from_utf8_lossy(&node).into_owned();
+        let stamp = std::str::from_utf8(&stamp)
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or_else(|| FenceError::UnexpectedReply {
                 reason: format!("high-water stamp of node {node:?} is not a number"),
             })?;
         entries.push((node, stamp));

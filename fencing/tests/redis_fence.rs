@@ -204,6 +204,24 @@ async fn foreign_data_under_a_fence_key_is_reported() {
     assert!(err.to_string().starts_with("redis: "), "{err}");
 }
 
+/// A high water that holds a node name which is not UTF-8 (written before node names were
+/// checked as they are now) still answers a stale token with `Stale`: the verdict is the
+/// script's, and the name is only shown. Decoding the names as UTF-8 turned the rejection into
+/// a backend error, which callers may retry as if the outcome were unknown (found in review).
+#[tokio::test]
+async fn a_stale_token_is_stale_even_beside_a_node_name_that_is_not_utf8() {
+    let cluster = Cluster::start(1).await.unwrap();
+    let mut conn = cluster.node(0).connection().await.unwrap();
+    let fence = RedisFence::new();
+    assert_eq!(
+        fence.admit(&mut conn, "r", &t("f1,a=10")).await.unwrap(),
+        Admission::Advanced
+    );
+    let () = conn.hset("fence:hw:r", &b"n\xff"[..], "7").await.unwrap();
+    let err = fence.admit(&mut conn, "r", &t("f1,a=5")).await.unwrap_err();
+    assert!(err.is_stale(), "{err:?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // The admission script called with raw arguments (as a client in another language would):
 // malformed input is an error reply `FENCEMALFORMED …` and changes nothing.
