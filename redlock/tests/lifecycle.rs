@@ -83,8 +83,7 @@ async fn into_a_tick(epoch: std::time::Instant) {
 
 /// Three nodes behind fault proxies, on the servers' runtime `crt`.
 fn proxied_cluster(crt: &tokio::runtime::Runtime) -> Cluster {
-    crt.block_on(Cluster::builder().nodes(3).proxied(true).start())
-        .unwrap()
+    crt.block_on(common::proxied(3))
 }
 
 /// A `Redlock` is `Clone + Send + Sync`; an application may use it from more than one runtime
@@ -771,12 +770,7 @@ async fn requests_after_the_servers_closed_idle_connections_go_out_on_new_ones()
 /// late (another owner's key), so the attempt fails after the reset and cleans up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_whose_connection_breaks_in_flight_is_not_sent_again() {
-    let cluster = Cluster::builder()
-        .nodes(3)
-        .proxied(true)
-        .start()
-        .await
-        .unwrap();
+    let cluster = common::proxied(3).await;
     let resource = "broken-in-flight";
     let key = format!("redlock:lock:{resource}");
     for i in [1, 2] {

@@ -9,7 +9,6 @@
 //! after its acquire still reaches the node after it.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use futures_util::FutureExt;
@@ -244,7 +243,7 @@ impl RedisNode {
             };
             let node = Arc::clone(self);
             let replaced = live.outbox.replaced.clone();
-            let closed = matches!(again, Again::May).then(|| Arc::clone(&live.closed));
+            let generation = live.generation;
             return async move {
                 // Whether the request failed the first time it was polled: redis-rs hands a
                 // request to the connection's driver task on that poll, so an error then is
@@ -266,8 +265,8 @@ impl RedisNode {
                 let Some((answer, unwritten)) = answer else {
                     return node.after_replacement(&[op]).await.remove(0);
                 };
-                // A request that found its connection closed, and was not written on it, goes
-                // out once more on a new connection. The server closes an idle connection (its
+                // A request that found its connection broken (`failed` dropped it), and was not
+                // written on it, goes out once more on a new connection. The server closes an idle connection (its
                 // `timeout`, a managed service's idle limit, `CLIENT KILL`, a restart) without
                 // the client noticing until it sends, and then redis-rs fails the request at
                 // once without writing it. Failed for good, the first release after the close
@@ -279,12 +278,12 @@ impl RedisNode {
                 // its own key and be read as refused (review of the first version, which sent
                 // those too; test `lifecycle::a_request_whose_connection_breaks_in_flight_is_
                 // not_sent_again`). Its fate says it was sent, as before.
-                match closed {
-                    Some(closed)
+                match again {
+                    Again::May
                         if unwritten
                             && answer.is_err()
                             && !from_server(&answer)
-                            && closed.load(Ordering::Acquire) =>
+                            && node.connection() != Some(generation) =>
                     {
                         tracing::debug!(node = %node.name, "the connection was found closed; sending the request again on a new one");
                         node.run_as(op, fate, Again::Not).await

@@ -68,8 +68,6 @@ struct Live {
     native_refused: Arc<AtomicBool>,
     /// Whether answers still come back on this connection.
     heard: Arc<Heard>,
-    /// A request on it failed because the connection was closed (see [`RedisNode::failed`]).
-    closed: Arc<AtomicBool>,
     /// Whether the runtime whose task drives this connection still runs.
     runtime: Arc<RuntimeWatch>,
 }
@@ -822,7 +820,6 @@ impl RedisNode {
             native,
             native_refused: Arc::default(),
             heard: Arc::default(),
-            closed: Arc::default(),
             runtime: RuntimeWatch::current(),
         })
     }
@@ -1003,14 +1000,10 @@ impl RedisNode {
         )
     }
 
-    /// Converts a command error, dropping the connection when it is broken. A connection the
-    /// server closed (its idle `timeout`, `CLIENT KILL`, a restart, a proxy's idle limit) is
-    /// marked `closed`, which lets the request that found it so go out again on a new one
-    /// (see [`RedisNode::submit`]).
+    /// Converts a command error, dropping the connection when it is broken (a request that
+    /// found it so before it was written goes out again on a new one: see
+    /// [`RedisNode::submit`]).
     fn failed(&self, live: &Live, e: &redis::RedisError, token: &str) -> NodeError {
-        if e.is_connection_dropped() {
-            live.closed.store(true, Ordering::Release);
-        }
         if e.is_unrecoverable_error() || e.is_connection_dropped() || e.is_io_error() {
             self.invalidate(live.generation);
         }
