@@ -21,6 +21,26 @@ pub struct Verdict {
     pub violations: usize,
     /// The first violation: what was wrong and the offending operations.
     pub first: Option<String>,
+    /// When the property is claimed only outside the spans of the run's faults beyond its
+    /// model (see [`mutual_exclusion_outside`]): what was found there. `None`: claimed for the
+    /// whole run, or not at all (`guaranteed`).
+    pub outside: Option<Outside>,
+}
+
+/// A property claimed outside the spans of the faults beyond its model: a fault that breaks it
+/// breaks it near itself, and the rest of the run is still checked.
+#[derive(Clone, Debug, Serialize)]
+pub struct Outside {
+    /// The spans left out.
+    pub spans: usize,
+    /// Violations outside every span (each fails the run); [`Verdict::violations`] counts
+    /// all of them.
+    pub violations: usize,
+    /// The first of them.
+    pub first: Option<String>,
+    /// The share of the run's workload inside the spans (0 to 1; set by the run's analysis):
+    /// the rest is what the property was checked over.
+    pub covered: f64,
 }
 
 impl Verdict {
@@ -30,6 +50,7 @@ impl Verdict {
             guaranteed,
             violations: 0,
             first: None,
+            outside: None,
         }
     }
 
@@ -40,9 +61,11 @@ impl Verdict {
         }
     }
 
-    /// Whether this verdict fails the run: a guaranteed property was violated.
+    /// Whether this verdict fails the run: a guaranteed property was violated, or a property
+    /// claimed outside some spans was violated outside them.
     pub fn fails(&self) -> bool {
-        self.guaranteed && self.violations > 0
+        (self.guaranteed && self.violations > 0)
+            || self.outside.as_ref().is_some_and(|o| o.violations > 0)
     }
 }
 
@@ -160,7 +183,27 @@ fn holder(op: &Op) -> (u32, u32, u64) {
 /// Mutual exclusion: no two holders' (holds') claimed validity windows on one resource
 /// overlap.
 pub fn mutual_exclusion(ops: &[Op], guaranteed: bool) -> Verdict {
+    mutex(ops, guaranteed, None)
+}
+
+/// [`mutual_exclusion`] claimed outside `spans` (shared clock, ns): each is a fault beyond the
+/// property's model, from its injection until it can no longer matter (see
+/// `report::out_of_model_reach`). An overlap of two holders' windows that meets no span fails
+/// the run; those that meet one are counted in [`Verdict::violations`] only. Before, one such
+/// fault (a clock step beyond the drift allowance, say) left mutual exclusion unchecked for the
+/// whole run.
+pub fn mutual_exclusion_outside(ops: &[Op], spans: &[(u64, u64)]) -> Verdict {
+    mutex(ops, false, Some(spans))
+}
+
+fn mutex(ops: &[Op], guaranteed: bool, spans: Option<&[(u64, u64)]>) -> Verdict {
     let mut v = Verdict::new("mutual exclusion", guaranteed);
+    v.outside = spans.map(|s| Outside {
+        spans: s.len(),
+        violations: 0,
+        first: None,
+        covered: 0.0,
+    });
     // A hold can have several grants: re-claimed with its token after a crash (one release,
     // at the end), or after a failed release (a release between them). Each grant's window
     // ends at the first release of the hold invoked after it; a release extends (by the
@@ -232,7 +275,7 @@ pub fn mutual_exclusion(ops: &[Op], guaranteed: bool) -> Verdict {
                 && w.start < l.end
                 && holder(w.acquire) != holder(l.acquire)
             {
-                v.found(|| {
+                let what = || {
                     format!(
                         "two holders of r{r} for {:.3} ms:\n    {} (claimed until {:.3} ms)\n    {} (claimed until {:.3} ms)",
                         (l.end.min(w.end) - w.start) as f64 / 1e6,
@@ -241,7 +284,17 @@ pub fn mutual_exclusion(ops: &[Op], guaranteed: bool) -> Verdict {
                         w.acquire.describe(),
                         w.end as f64 / 1e6,
                     )
-                });
+                };
+                let (from, to) = (w.start, l.end.min(w.end));
+                if let (Some(o), Some(spans)) = (v.outside.as_mut(), spans)
+                    && !spans.iter().any(|&(a, b)| from <= b && a <= to)
+                {
+                    o.violations += 1;
+                    if o.first.is_none() {
+                        o.first = Some(what());
+                    }
+                }
+                v.found(what);
             }
             if latest.is_none_or(|l| w.end > l.end) {
                 latest = Some(*w);
@@ -478,6 +531,31 @@ mod tests {
         a.valid_until = Some(300);
         ops.push(a);
         assert_eq!(mutual_exclusion(&ops, true).violations, 0);
+    }
+
+    #[test]
+    fn two_holders_outside_every_out_of_model_span_fail_the_run() {
+        // Two overlaps: client 1 inside client 0's window at 90..100, client 3 inside client
+        // 2's at 1,050..1,100.
+        let mut ops = hold(0, 1, 10, 200, Some(100));
+        ops.extend(hold(1, 1, 90, 300, Some(150)));
+        ops.extend(hold(2, 1, 1_000, 1_200, Some(1_100)));
+        ops.extend(hold(3, 1, 1_050, 1_300, Some(1_150)));
+        // Not claimed at all (the old rule for a run with such a fault): found, fails nothing.
+        let v = mutual_exclusion(&ops, false);
+        assert_eq!(v.violations, 2);
+        assert!(!v.fails());
+        // A span over the first overlap only: the second fails the run.
+        let v = mutual_exclusion_outside(&ops, &[(0, 95)]);
+        assert_eq!(v.violations, 2, "{v:?}");
+        let o = v.outside.as_ref().expect("claimed outside the span");
+        assert_eq!((o.spans, o.violations), (1, 1));
+        assert!(o.first.as_deref().unwrap().contains("client 3"), "{o:?}");
+        assert!(v.fails());
+        // Spans over both (touching one end counts): nothing fails.
+        let v = mutual_exclusion_outside(&ops, &[(0, 95), (1_100, 2_000)]);
+        assert_eq!(v.outside.as_ref().map(|o| o.violations), Some(0));
+        assert!(!v.fails());
     }
 
     #[test]
