@@ -232,6 +232,9 @@ pub struct Batch {
     pub faults: u64,
     /// Histories with violations, per checker.
     pub violated: Vec<(String, u64)>,
+    /// Of those, the histories whose violations all began in the spans of faults beyond the
+    /// checker's model (excused; see `check::mutual_exclusion_outside`), per checker.
+    pub excused: Vec<(String, u64)>,
     /// Seeds that failed (at most 20), with their first failure.
     pub failing: Vec<(u64, String)>,
     /// For a negative control: the first seed that found the violation, with it.
@@ -297,6 +300,12 @@ pub fn main(settings: Settings, count: u64, threads: usize, json: Option<PathBuf
                                     Some(e) => e.1 += 1,
                                     None => b.violated.push((v.name.to_owned(), 1)),
                                 }
+                                if v.outside.as_ref().is_some_and(|o| o.violations == 0) {
+                                    match b.excused.iter_mut().find(|(n, _)| n == v.name) {
+                                        Some(e) => e.1 += 1,
+                                        None => b.excused.push((v.name.to_owned(), 1)),
+                                    }
+                                }
                                 if controls.contains(&v.name) {
                                     let first = v.first.clone().unwrap_or_default();
                                     if b.caught.as_ref().is_none_or(|(s, _)| seed < *s) {
@@ -309,7 +318,14 @@ pub fn main(settings: Settings, count: u64, threads: usize, json: Option<PathBuf
                                 .iter()
                                 .filter(|v| v.fails() && !controls.contains(&v.name))
                                 .map(|v| {
-                                    format!("{}: {}", v.name, v.first.as_deref().unwrap_or(""))
+                                    // A property claimed outside some spans fails on what
+                                    // was found outside them, not on the first excused pair.
+                                    let first = v
+                                        .outside
+                                        .as_ref()
+                                        .and_then(|o| o.first.as_deref())
+                                        .or(v.first.as_deref());
+                                    format!("{}: {}", v.name, first.unwrap_or(""))
                                 })
                                 .collect();
                             if !failed.is_empty() && b.failing.len() < 20 {
@@ -357,10 +373,20 @@ pub fn main(settings: Settings, count: u64, threads: usize, json: Option<PathBuf
     );
     println!("  operations {}, faults {}", b.ops, b.faults);
     for (name, n) in &b.violated {
+        let excused = b
+            .excused
+            .iter()
+            .find(|(e, _)| e == name)
+            .map_or(0, |(_, e)| *e);
         let role = if controls.contains(&name.as_str()) {
-            " (negative control)"
+            " (negative control)".to_owned()
+        } else if excused > 0 {
+            format!(
+                " ({excused} of them only where faults beyond its model had just struck, \
+                 which excuses them)"
+            )
         } else {
-            ""
+            String::new()
         };
         println!("  {name}: violated in {n} histories{role}");
     }
