@@ -39,7 +39,7 @@ pub struct Outside {
     /// The first of them.
     pub first: Option<String>,
     /// The share of the run's workload inside the spans (0 to 1; set by the run's analysis):
-    /// the rest is what the property was checked over.
+    /// two holders are excused only while both hold inside one span.
     pub covered: f64,
 }
 
@@ -188,8 +188,8 @@ pub fn mutual_exclusion(ops: &[Op], guaranteed: bool) -> Verdict {
 
 /// [`mutual_exclusion`] claimed outside `spans` (shared clock, ns): each is a fault beyond the
 /// property's model, from its injection until it can no longer matter (see
-/// `report::out_of_model_reach`). An overlap of two holders' windows that begins in no span
-/// fails the run; those that begin in one are counted in [`Verdict::violations`] only. Before, one such
+/// `report::out_of_model_reach`). An overlap of two holders' windows that lies in no span fails
+/// the run; those that lie in one are counted in [`Verdict::violations`] only. Before, one such
 /// fault (a clock step beyond the drift allowance, say) left mutual exclusion unchecked for the
 /// whole run.
 pub fn mutual_exclusion_outside(ops: &[Op], spans: &[(u64, u64)]) -> Verdict {
@@ -285,12 +285,14 @@ fn mutex(ops: &[Op], guaranteed: bool, spans: Option<&[(u64, u64)]>) -> Verdict 
                         w.end as f64 / 1e6,
                     )
                 };
-                // The later grant came after the fault took effect if the fault caused the
-                // pair: the overlap must begin inside a span to be excused (one that only ran
-                // into a span began before the fault, and the fault cannot explain it).
-                let from = w.start;
+                // A pair the fault caused lies inside its span: the later grant came after the
+                // fault took effect, and the window the fault cut short ends within the span's
+                // reach. One that only ran into a span began before the fault (review of the
+                // first version); one that runs on past it outlived what the fault explains
+                // (review of the second).
+                let (from, to) = (w.start, l.end.min(w.end));
                 if let (Some(o), Some(spans)) = (v.outside.as_mut(), spans)
-                    && !spans.iter().any(|&(a, b)| a <= from && from <= b)
+                    && !spans.iter().any(|&(a, b)| a <= from && to <= b)
                 {
                     o.violations += 1;
                     if o.first.is_none() {
@@ -549,19 +551,24 @@ mod tests {
         assert_eq!(v.violations, 2);
         assert!(!v.fails());
         // A span over the first overlap only: the second fails the run.
-        let v = mutual_exclusion_outside(&ops, &[(0, 95)]);
+        let v = mutual_exclusion_outside(&ops, &[(0, 100)]);
         assert_eq!(v.violations, 2, "{v:?}");
         let o = v.outside.as_ref().expect("claimed outside the span");
         assert_eq!((o.spans, o.violations), (1, 1));
         assert!(o.first.as_deref().unwrap().contains("client 3"), "{o:?}");
         assert!(v.fails());
         // Spans in which both overlaps begin: nothing fails.
-        let v = mutual_exclusion_outside(&ops, &[(0, 95), (1_050, 2_000)]);
+        let v = mutual_exclusion_outside(&ops, &[(0, 100), (1_050, 2_000)]);
         assert_eq!(v.outside.as_ref().map(|o| o.violations), Some(0));
         assert!(!v.fails());
         // A span the second overlap (1,050..1,100) only runs into: that pair began before the
         // fault, which cannot explain it (review: a span touching the overlap excused it).
-        let v = mutual_exclusion_outside(&ops, &[(0, 95), (1_060, 2_000)]);
+        let v = mutual_exclusion_outside(&ops, &[(0, 100), (1_060, 2_000)]);
+        assert_eq!(v.outside.as_ref().map(|o| o.violations), Some(1));
+        assert!(v.fails());
+        // A span the overlap begins in but outlasts: the pair held on past what the fault
+        // explains (review: only the beginning was looked at).
+        let v = mutual_exclusion_outside(&ops, &[(0, 100), (1_000, 1_080)]);
         assert_eq!(v.outside.as_ref().map(|o| o.violations), Some(1));
         assert!(v.fails());
     }

@@ -398,7 +398,7 @@ pub fn render(s: &Summary) -> String {
         } else if let Some(o) = &v.outside {
             format!(
                 "guaranteed outside the spans of the {} faults beyond its model, {:.0} % of the \
-                 run: {} violations beginning outside them",
+                 run: {} violations not within one",
                 o.spans,
                 o.covered * 100.0,
                 o.violations
@@ -416,7 +416,7 @@ pub fn render(s: &Summary) -> String {
                 let _ = writeln!(out, "    first outside the spans: {first}");
             }
             (None, Some(first)) if v.outside.is_some() => {
-                let _ = writeln!(out, "    first (beginning inside a span): {first}");
+                let _ = writeln!(out, "    first (within a span): {first}");
             }
             (None, Some(first)) => {
                 let _ = writeln!(out, "    first: {first}");

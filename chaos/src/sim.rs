@@ -382,7 +382,7 @@ pub fn main(settings: Settings, count: u64, threads: usize, json: Option<PathBuf
             " (negative control)".to_owned()
         } else if excused > 0 {
             format!(
-                " ({excused} of them only where faults beyond its model had just struck, \
+                " ({excused} of them only within the spans of faults beyond its model, \
                  which excuses them)"
             )
         } else {
