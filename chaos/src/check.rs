@@ -38,8 +38,8 @@ pub struct Outside {
     pub violations: usize,
     /// The first of them.
     pub first: Option<String>,
-    /// The share of the run's workload inside the spans (0 to 1; set by the run's analysis):
-    /// two holders are excused only while both hold inside one span.
+    /// The share of the run's workload inside the spans (0 to 1): two holders are excused only
+    /// while both hold inside one span.
     pub covered: f64,
 }
 
@@ -192,8 +192,36 @@ pub fn mutual_exclusion(ops: &[Op], guaranteed: bool) -> Verdict {
 /// the run; those that lie in one are counted in [`Verdict::violations`] only. Before, one such
 /// fault (a clock step beyond the drift allowance, say) left mutual exclusion unchecked for the
 /// whole run.
-pub fn mutual_exclusion_outside(ops: &[Op], spans: &[(u64, u64)]) -> Verdict {
-    mutex(ops, false, Some(spans))
+/// `run`: the workload's start and end, for [`Outside::covered`].
+pub fn mutual_exclusion_outside(ops: &[Op], spans: &[(u64, u64)], run: (u64, u64)) -> Verdict {
+    let mut v = mutex(ops, false, Some(spans));
+    if let Some(o) = v.outside.as_mut() {
+        o.covered = covered(spans, run);
+    }
+    v
+}
+
+/// The share of `run` (start, end) inside the union of `spans`.
+fn covered(spans: &[(u64, u64)], run: (u64, u64)) -> f64 {
+    let (start, end) = run;
+    if end <= start {
+        return 0.0;
+    }
+    let mut clipped: Vec<(u64, u64)> = spans
+        .iter()
+        .map(|&(a, b)| (a.max(start), b.min(end)))
+        .filter(|(a, b)| a < b)
+        .collect();
+    clipped.sort_unstable();
+    let (mut inside, mut reached) = (0u64, start);
+    for (a, b) in clipped {
+        let a = a.max(reached);
+        if b > a {
+            inside += b - a;
+            reached = b;
+        }
+    }
+    inside as f64 / (end - start) as f64
 }
 
 fn mutex(ops: &[Op], guaranteed: bool, spans: Option<&[(u64, u64)]>) -> Verdict {
@@ -538,6 +566,17 @@ mod tests {
         assert_eq!(mutual_exclusion(&ops, true).violations, 0);
     }
 
+    /// The workload's start and end in the span tests.
+    const RUN: (u64, u64) = (0, 2_000);
+
+    #[test]
+    fn the_share_of_a_run_inside_spans_counts_overlaps_once() {
+        assert_eq!(covered(&[], (0, 100)), 0.0);
+        assert_eq!(covered(&[(10, 20), (15, 30), (90, 200)], (0, 100)), 0.3);
+        assert_eq!(covered(&[(0, 1_000)], (100, 200)), 1.0);
+        assert_eq!(covered(&[(10, 20)], (50, 50)), 0.0);
+    }
+
     #[test]
     fn two_holders_outside_every_out_of_model_span_fail_the_run() {
         // Two overlaps: client 1 inside client 0's window at 90..100, client 3 inside client
@@ -551,24 +590,24 @@ mod tests {
         assert_eq!(v.violations, 2);
         assert!(!v.fails());
         // A span over the first overlap only: the second fails the run.
-        let v = mutual_exclusion_outside(&ops, &[(0, 100)]);
+        let v = mutual_exclusion_outside(&ops, &[(0, 100)], RUN);
         assert_eq!(v.violations, 2, "{v:?}");
         let o = v.outside.as_ref().expect("claimed outside the span");
         assert_eq!((o.spans, o.violations), (1, 1));
         assert!(o.first.as_deref().unwrap().contains("client 3"), "{o:?}");
         assert!(v.fails());
         // Spans in which both overlaps begin: nothing fails.
-        let v = mutual_exclusion_outside(&ops, &[(0, 100), (1_050, 2_000)]);
+        let v = mutual_exclusion_outside(&ops, &[(0, 100), (1_050, 2_000)], RUN);
         assert_eq!(v.outside.as_ref().map(|o| o.violations), Some(0));
         assert!(!v.fails());
         // A span the second overlap (1,050..1,100) only runs into: that pair began before the
         // fault, which cannot explain it (review: a span touching the overlap excused it).
-        let v = mutual_exclusion_outside(&ops, &[(0, 100), (1_060, 2_000)]);
+        let v = mutual_exclusion_outside(&ops, &[(0, 100), (1_060, 2_000)], RUN);
         assert_eq!(v.outside.as_ref().map(|o| o.violations), Some(1));
         assert!(v.fails());
         // A span the overlap begins in but outlasts: the pair held on past what the fault
         // explains (review: only the beginning was looked at).
-        let v = mutual_exclusion_outside(&ops, &[(0, 100), (1_000, 1_080)]);
+        let v = mutual_exclusion_outside(&ops, &[(0, 100), (1_000, 1_080)], RUN);
         assert_eq!(v.outside.as_ref().map(|o| o.violations), Some(1));
         assert!(v.fails());
     }

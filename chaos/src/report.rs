@@ -116,11 +116,7 @@ pub fn analyze(mode: &'static str, settings: &Settings, out: &Outcomes) -> Summa
             .filter(|f| !f.in_model.mutex)
             .map(|f| (f.injected, f.healed.max(f.injected).saturating_add(reach)))
             .collect();
-        let mut v = check::mutual_exclusion_outside(&out.ops, &spans);
-        if let Some(o) = v.outside.as_mut() {
-            o.covered = covered(&spans, out.span);
-        }
-        v
+        check::mutual_exclusion_outside(&out.ops, &spans, out.span)
     };
     let verdicts = vec![
         check::fenced_register(&out.ops, &out.finals, claims.fenced),
@@ -211,29 +207,6 @@ pub fn analyze(mode: &'static str, settings: &Settings, out: &Outcomes) -> Summa
 /// span of its own.
 pub(crate) fn out_of_model_reach(ttl: std::time::Duration) -> std::time::Duration {
     ttl + ttl / 4
-}
-
-/// The share of `run` (start, end) inside the union of `spans`.
-fn covered(spans: &[(u64, u64)], run: (u64, u64)) -> f64 {
-    let (start, end) = run;
-    if end <= start {
-        return 0.0;
-    }
-    let mut clipped: Vec<(u64, u64)> = spans
-        .iter()
-        .map(|&(a, b)| (a.max(start), b.min(end)))
-        .filter(|(a, b)| a < b)
-        .collect();
-    clipped.sort_unstable();
-    let (mut inside, mut reached) = (0u64, start);
-    for (a, b) in clipped {
-        let a = a.max(reached);
-        if b > a {
-            inside += b - a;
-            reached = b;
-        }
-    }
-    inside as f64 / (end - start) as f64
 }
 
 /// What makes a run's checks vacuous: a run that granted no lock, admitted no write, injected
@@ -626,14 +599,6 @@ mod tests {
             !unread.passed(),
             "a run whose register could not be read passed"
         );
-    }
-
-    #[test]
-    fn the_share_of_a_run_inside_spans_counts_overlaps_once() {
-        assert_eq!(covered(&[], (0, 100)), 0.0);
-        assert_eq!(covered(&[(10, 20), (15, 30), (90, 200)], (0, 100)), 0.3);
-        assert_eq!(covered(&[(0, 1_000)], (100, 200)), 1.0);
-        assert_eq!(covered(&[(10, 20)], (50, 50)), 0.0);
     }
 
     /// A clock step beyond the drift allowance at 2 s excuses two holders within its reach

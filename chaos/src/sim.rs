@@ -232,7 +232,7 @@ pub struct Batch {
     pub faults: u64,
     /// Histories with violations, per checker.
     pub violated: Vec<(String, u64)>,
-    /// Of those, the histories whose violations all began in the spans of faults beyond the
+    /// Of those, the histories whose violations all lay within the spans of faults beyond the
     /// checker's model (excused; see `check::mutual_exclusion_outside`), per checker.
     pub excused: Vec<(String, u64)>,
     /// Seeds that failed (at most 20), with their first failure.
@@ -296,15 +296,9 @@ pub fn main(settings: Settings, count: u64, threads: usize, json: Option<PathBuf
                                 }
                             }
                             for v in summary.verdicts.iter().filter(|v| v.violations > 0) {
-                                match b.violated.iter_mut().find(|(n, _)| n == v.name) {
-                                    Some(e) => e.1 += 1,
-                                    None => b.violated.push((v.name.to_owned(), 1)),
-                                }
+                                one_more(&mut b.violated, v.name);
                                 if v.outside.as_ref().is_some_and(|o| o.violations == 0) {
-                                    match b.excused.iter_mut().find(|(n, _)| n == v.name) {
-                                        Some(e) => e.1 += 1,
-                                        None => b.excused.push((v.name.to_owned(), 1)),
-                                    }
+                                    one_more(&mut b.excused, v.name);
                                 }
                                 if controls.contains(&v.name) {
                                     let first = v.first.clone().unwrap_or_default();
@@ -449,6 +443,14 @@ pub fn main(settings: Settings, count: u64, threads: usize, json: Option<PathBuf
     } else {
         println!("result: FAIL — {}", failures.join("; "));
         ExitCode::FAILURE
+    }
+}
+
+/// Counts one more history for checker `name` in a per-checker tally.
+fn one_more(tally: &mut Vec<(String, u64)>, name: &str) {
+    match tally.iter_mut().find(|(n, _)| n == name) {
+        Some(e) => e.1 += 1,
+        None => tally.push((name.to_owned(), 1)),
     }
 }
 

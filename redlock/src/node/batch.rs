@@ -266,12 +266,12 @@ impl RedisNode {
                     return node.after_replacement(&[op]).await.remove(0);
                 };
                 // A request that found its connection broken (`failed` dropped it), and was not
-                // written on it, goes out once more on a new connection. The server closes an idle connection (its
-                // `timeout`, a managed service's idle limit, `CLIENT KILL`, a restart) without
-                // the client noticing until it sends, and then redis-rs fails the request at
-                // once without writing it. Failed for good, the first release after the close
-                // left the lock on every node for its TTL, and the first single attempt failed
-                // everywhere (test `lifecycle::requests_after_the_servers_closed_idle_
+                // written on it, goes out once more on a new connection. The server closes an
+                // idle connection (its `timeout`, a managed service's idle limit, `CLIENT KILL`,
+                // a restart) without the client noticing until it sends, and redis-rs fails the
+                // request at once without writing it. Failed for good, the first release after
+                // the close left the lock on every node for its TTL, and the first single attempt
+                // failed everywhere (test `lifecycle::requests_after_the_servers_closed_idle_
                 // connections_go_out_on_new_ones`, found in review). Only a request that was
                 // never written: one that was, and whose connection broke before its answer,
                 // may have run, and a copy could land after a release made meanwhile, or find
