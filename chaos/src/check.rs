@@ -31,6 +31,8 @@ pub struct Verdict {
 /// breaks it near itself, and the rest of the run is still checked.
 #[derive(Clone, Debug, Serialize)]
 pub struct Outside {
+    /// What the spans are around: "faults beyond its model", "faults and their recovery".
+    pub around: &'static str,
     /// The spans left out.
     pub spans: usize,
     /// Violations outside every span (each fails the run); [`Verdict::violations`] counts
@@ -227,6 +229,7 @@ fn covered(spans: &[(u64, u64)], run: (u64, u64)) -> f64 {
 fn mutex(ops: &[Op], guaranteed: bool, spans: Option<&[(u64, u64)]>) -> Verdict {
     let mut v = Verdict::new("mutual exclusion", guaranteed);
     v.outside = spans.map(|s| Outside {
+        around: "faults beyond its model",
         spans: s.len(),
         violations: 0,
         first: None,
@@ -334,6 +337,70 @@ fn mutex(ops: &[Op], guaranteed: bool, spans: Option<&[(u64, u64)]>) -> Verdict 
             }
         }
     }
+    v
+}
+
+/// Progress: a resource that clients ask for is granted again within `patience` of its last
+/// grant, away from faults. A failed acquire of a resource counts against it when no grant of
+/// that resource completed from `patience` before the attempt began to its end, and the
+/// attempt overlaps none of the `excused` intervals (each fault from its injection to the end
+/// of its recovery allowance). Every such attempt after the same last grant is one stall, one
+/// violation: the resource sat refused for longer than a holder may keep it. `run` is the run's start and end; the start
+/// counts as a grant of every resource.
+pub fn progress(ops: &[Op], excused: &[(u64, u64)], patience: u64, run: (u64, u64)) -> Verdict {
+    let mut v = Verdict::new("progress", false);
+    let start = run.0;
+    let mut grants: HashMap<u32, Vec<u64>> = HashMap::new();
+    for op in ops
+        .iter()
+        .filter(|o| o.kind == Kind::Acquire && o.outcome == Outcome::Ok)
+    {
+        grants.entry(op.resource).or_default().push(op.complete);
+    }
+    for list in grants.values_mut() {
+        list.sort_unstable();
+    }
+    let mut refused: Vec<&Op> = ops
+        .iter()
+        .filter(|o| o.kind == Kind::Acquire && o.outcome == Outcome::Fail)
+        .filter(|o| !excused.iter().any(|&(a, b)| a < o.complete && o.invoke < b))
+        .collect();
+    refused.sort_by_key(|o| (o.resource, o.invoke));
+    // (resource, the last grant before the stall): one violation each.
+    let mut stalls: Vec<(u32, Option<u64>)> = Vec::new();
+    for op in refused {
+        let list = grants.get(&op.resource).map_or(&[][..], Vec::as_slice);
+        let last = list[..list.partition_point(|&t| t <= op.complete)]
+            .last()
+            .copied();
+        if last.unwrap_or(start).saturating_add(patience) >= op.invoke {
+            continue;
+        }
+        let stall = (op.resource, last);
+        if stalls.contains(&stall) {
+            continue;
+        }
+        stalls.push(stall);
+        v.found(|| {
+            let since = last.map_or("since the run began".to_owned(), |t| {
+                format!("for {:.3} ms", op.complete.saturating_sub(t) as f64 / 1e6)
+            });
+            format!(
+                "r{} refused with no grant {since} (a holder may keep it {:.3} ms):\n    {}",
+                op.resource,
+                patience as f64 / 1e6,
+                op.describe(),
+            )
+        });
+    }
+    // Every stall found lies outside the spans: only attempts that overlap none are judged.
+    v.outside = Some(Outside {
+        around: "faults and their recovery",
+        spans: excused.len(),
+        violations: v.violations,
+        first: v.first.clone(),
+        covered: covered(excused, run),
+    });
     v
 }
 
@@ -740,6 +807,68 @@ mod tests {
         assert_eq!(k.recovery_ms, Some([30.0, 30.0, 30.0]));
         assert_eq!(k.rate_during, Some(0.0));
         assert!((a.rate_calm - 6.0 / 3.0).abs() < 1e-9, "{}", a.rate_calm);
+    }
+
+    /// A resource refused for longer than a holder may keep it, away from faults, is a stall:
+    /// one per last grant however many attempts it refused; not within the patience of a
+    /// grant of that resource or of the run's start, nor for an attempt that overlaps a
+    /// fault's interval.
+    #[test]
+    fn a_resource_refused_past_the_patience_away_from_faults_is_a_stall() {
+        let refused = |resource: u32, at: u64| {
+            let mut o = op(1, at, Kind::Acquire, Outcome::Fail, at, at + 100);
+            o.resource = resource;
+            o.error = Some("Busy".into());
+            o
+        };
+        let grant = |resource: u32, at: u64| {
+            let mut o = op(0, at, Kind::Acquire, Outcome::Ok, at - 1, at);
+            o.resource = resource;
+            o
+        };
+        // Patience 1,000: r0 granted at 500 may be refused until 1,500.
+        let mut ops = vec![
+            grant(0, 500),
+            refused(0, 1_200),
+            refused(0, 1_600),
+            refused(0, 2_000),
+        ];
+        let v = progress(&ops, &[], 1_000, (0, 10_000));
+        assert_eq!(v.violations, 1, "{v:?}");
+        assert!(v.fails());
+        let first = v.first.expect("a stall is described");
+        assert!(
+            first.contains("r0 refused with no grant for 0.001 ms"),
+            "{first}"
+        );
+        // Both late attempts overlap a fault's interval: nothing judged against them.
+        let v = progress(&ops, &[(1_650, 1_700), (1_900, 2_050)], 1_000, (0, 10_000));
+        assert_eq!(v.violations, 0, "{v:?}");
+        let o = v.outside.expect("claimed away from the faults");
+        assert_eq!((o.spans, o.violations), (2, 0));
+        assert!(
+            (o.covered - 200.0 / 10_000.0).abs() < 1e-12,
+            "{}",
+            o.covered
+        );
+        // A grant of another resource does not count; a new grant of r0 starts a new wait,
+        // and a second stall after it is a second violation.
+        ops.extend([grant(1, 1_550), grant(0, 2_500), refused(0, 3_000)]);
+        assert_eq!(progress(&ops, &[], 1_000, (0, 10_000)).violations, 1);
+        ops.push(refused(0, 3_600));
+        assert_eq!(progress(&ops, &[], 1_000, (0, 10_000)).violations, 2);
+        // The run's start counts as a grant of every resource.
+        assert_eq!(
+            progress(&[refused(2, 800)], &[], 1_000, (0, 10_000)).violations,
+            0
+        );
+        let v = progress(&[refused(2, 1_200)], &[], 1_000, (0, 10_000));
+        assert_eq!(v.violations, 1);
+        assert!(v.first.unwrap().contains("since the run began"));
+        assert_eq!(
+            progress(&[refused(2, 1_200)], &[], 1_000, (300, 10_000)).violations,
+            0
+        );
     }
 
     #[test]

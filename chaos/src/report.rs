@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::check::{self, Availability, Leftovers, Verdict};
 use crate::history::{Kind, Op, Outcome};
-use crate::nemesis::{Applied, InModel};
+use crate::nemesis::{Applied, Fault, InModel, Kind as FaultKind};
 use crate::options::Settings;
 
 /// Operation counts by kind and outcome.
@@ -109,7 +109,7 @@ pub fn analyze(mode: &'static str, settings: &Settings, out: &Outcomes) -> Summa
     let mutex = if claims.mutex || controls.contains(&"mutual exclusion") {
         check::mutual_exclusion(&out.ops, claims.mutex)
     } else {
-        let reach = u64::try_from(out_of_model_reach(settings.ttl).as_nanos()).unwrap_or(u64::MAX);
+        let reach = nanos(out_of_model_reach(settings.ttl));
         let spans: Vec<(u64, u64)> = out
             .faults
             .iter()
@@ -118,9 +118,21 @@ pub fn analyze(mode: &'static str, settings: &Settings, out: &Outcomes) -> Summa
             .collect();
         check::mutual_exclusion_outside(&out.ops, &spans, out.span)
     };
+    let excused: Vec<(u64, u64)> = out
+        .faults
+        .iter()
+        .map(|f| {
+            let allowance = nanos(recovery_allowance(settings, &f.fault));
+            (
+                f.injected,
+                f.healed.max(f.injected).saturating_add(allowance),
+            )
+        })
+        .collect();
     let verdicts = vec![
         check::fenced_register(&out.ops, &out.finals, claims.fenced),
         mutex,
+        check::progress(&out.ops, &excused, nanos(patience(settings)), out.span),
         check::hygiene(&out.leftovers),
     ];
     let availability = check::availability(&out.ops, &out.faults, out.span.0, out.span.1);
@@ -195,6 +207,42 @@ pub fn analyze(mode: &'static str, settings: &Settings, out: &Outcomes) -> Summa
         check_ms,
         failures,
     }
+}
+
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// How long a resource may go without a grant while clients ask for it, away from faults: a
+/// guarded holder keeps it for the run's hold, and keys a holder could not delete (a failed
+/// release, an abandoned lock) live one TTL after its last grant or renewal; a second more for
+/// the clients' retries and back-off.
+pub(crate) fn patience(settings: &Settings) -> std::time::Duration {
+    settings.hold() + settings.ttl + std::time::Duration::from_secs(1)
+}
+
+/// How long after its heal a fault is left out of the progress check: a TTL and a second, as
+/// a request the fault held up (a delayed or stopped link, a paused node) may set a key after
+/// its attempt gave up, and the clean-up the fault kept from the node leaves it there for a
+/// TTL; for a restart also the quarantine, in which the node grants nothing; for a clock
+/// stepped back also the step, by which keys set before it outlive their TTL; for a paused
+/// client the whole patience, as it may resume a hold its renewals kept (a simulated pause
+/// stops the holding task, not the client's renewals).
+pub(crate) fn recovery_allowance(settings: &Settings, fault: &Fault) -> std::time::Duration {
+    if fault.kind == FaultKind::Pause {
+        return patience(settings);
+    }
+    let mut a = settings.ttl + std::time::Duration::from_secs(1);
+    if matches!(
+        fault.kind,
+        FaultKind::Kill | FaultKind::KillAof | FaultKind::KillSnapshot
+    ) {
+        a += settings.quarantine_time().unwrap_or_default();
+    }
+    if fault.kind == FaultKind::ClockBack {
+        a += fault.amount;
+    }
+    a
 }
 
 /// How long after its heal a fault beyond mutual exclusion's model is left out of that check.
@@ -370,9 +418,10 @@ pub fn render(s: &Summary) -> String {
             "guaranteed".to_owned()
         } else if let Some(o) = &v.outside {
             format!(
-                "guaranteed outside the spans of the {} faults beyond its model, {:.0} % of the \
-                 run: {} violations not within one",
+                "guaranteed outside the spans of the {} {}, {:.0} % of the run: {} violations \
+                 not within one",
                 o.spans,
+                o.around,
                 o.covered * 100.0,
                 o.violations
             )
@@ -599,6 +648,47 @@ mod tests {
             !unread.passed(),
             "a run whose register could not be read passed"
         );
+    }
+
+    /// A resource refused for longer than a holder may keep it (patience: hold 1.2 s + TTL
+    /// 1 s + 1 s) fails the run, unless the attempt came within a fault's recovery allowance
+    /// after its heal: TTL + 1 s after a partition, the whole patience after a client pause.
+    #[test]
+    fn a_resource_refused_long_after_a_fault_healed_fails_the_run() {
+        let partition = Applied {
+            fault: Fault {
+                kind: FaultKind::Partition,
+                nodes: vec![0, 1],
+                client: None,
+                ..pause_applied().fault
+            },
+            ..pause_applied()
+        };
+        let run = |fault: &Applied, at: u64| {
+            let mut ops = a_hold();
+            let mut refused = op(Kind::Acquire, Outcome::Fail, at);
+            refused.client = 1;
+            refused.error = Some("Busy".to_owned());
+            ops.push(refused);
+            analyze(
+                "sim",
+                &settings(vec![fault.fault.kind]),
+                &outcomes(ops, vec![fault.clone()], vec![Some(1)]),
+            )
+        };
+        // Healed at 4 s: a refusal at 5.5 s is within the partition's allowance, one at
+        // 6.5 s is not (the last grant, at 11 ns, is far more than the patience before it).
+        assert!(run(&partition, 5_500_000_000).passed());
+        let late = run(&partition, 6_500_000_000);
+        assert!(!late.passed());
+        assert!(
+            late.failures.iter().any(|f| f.starts_with("progress")),
+            "{:?}",
+            late.failures
+        );
+        // A paused client may resume a hold: the patience after the pause (to 7.2 s).
+        assert!(run(&pause_applied(), 6_500_000_000).passed());
+        assert!(!run(&pause_applied(), 7_500_000_000).passed());
     }
 
     /// A clock step beyond the drift allowance at 2 s excuses two holders within its reach
