@@ -47,6 +47,22 @@ const START_SLACK: Duration = Duration::from_millis(100);
 /// acquires, and healthy nodes timed out.)
 static ATTEMPTS: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
 
+/// The registry a call uses: the process's, or on a simulated history's thread that thread's
+/// own. A simulated history runs on one thread, on a paused clock of its own: another history's
+/// attempts are none of its business, and a sweep that judged their horizons by this clock
+/// dropped them early and changed that history (seen as batch runs of the chaos suite that did
+/// not replay, test `histories_side_by_side_are_the_histories_of_their_seeds`).
+fn registry() -> &'static Mutex<Registry> {
+    #[cfg(feature = "simulation")]
+    if crate::det::simulated() {
+        thread_local! {
+            static SIMULATED: &'static Mutex<Registry> = Box::leak(Box::default());
+        }
+        return SIMULATED.with(|r| *r);
+    }
+    &ATTEMPTS
+}
+
 #[derive(Default)]
 struct Registry {
     by_token: HashMap<Token, Vec<Entry>>,
@@ -203,7 +219,7 @@ impl Drop for Turn {
 /// Lists a release of a lock with the caller's `token` on `keys` whose deletes are on their way:
 /// the attempts with the token after it wait for them like for an earlier attempt's cleanup.
 pub(crate) fn register(token: &Token, keys: &Arc<[String]>, deletes: Unanswered) {
-    let mut all = lock(&ATTEMPTS);
+    let mut all = lock(registry());
     all.sweep(token);
     all.by_token.entry(token.clone()).or_default().push(Entry {
         keys: Arc::clone(keys),
@@ -221,7 +237,7 @@ pub(crate) fn register(token: &Token, keys: &Arc<[String]>, deletes: Unanswered)
 pub(crate) async fn take(token: &Token, keys: &Arc<[String]>) -> Turn {
     loop {
         let (earlier, turn) = {
-            let mut all = lock(&ATTEMPTS);
+            let mut all = lock(registry());
             all.sweep(token);
             let entries = all.by_token.entry(token.clone()).or_default();
             let earlier: Vec<Arc<Attempt>> = entries
