@@ -117,6 +117,11 @@ pub struct Model {
     pub ttl: Duration,
     /// The client's drift allowance (TTL × drift factor + 2 ms).
     pub drift_allowance: Duration,
+    /// How long a restarted node sits out (zero without the quarantine).
+    pub quarantine_time: Duration,
+    /// Whether `kill-snapshot` brings back the snapshot's stamp key, older than the node's last
+    /// stamp (real servers); the simulated nodes keep the current one.
+    pub snapshot_stamps: bool,
 }
 
 /// Which checkers' guarantees a fault leaves standing.
@@ -150,8 +155,9 @@ pub struct Fault {
 }
 
 impl Fault {
-    /// Which guarantees hold under this fault with `model`.
-    pub fn in_model(&self, model: &Model) -> InModel {
+    /// Which guarantees hold under this fault with `model`, after the faults `before` it in its
+    /// schedule.
+    pub fn in_model(&self, model: &Model, before: &[Fault]) -> InModel {
         let mutex = match self.kind {
             // A restart that loses keys hands out held locks again unless quarantined.
             Kind::Kill | Kind::KillSnapshot => model.quarantine,
@@ -161,10 +167,44 @@ impl Fault {
         };
         InModel {
             mutex,
-            // Fencing needs per-node stamps that never go back, which every fault here keeps:
-            // a node that lost its data comes back under a new identity.
-            fenced: model.fencing,
+            // Fencing needs per-node stamps that never go back. A node that lost its data comes
+            // back under a new identity, one that kept it counts on from its last stamp; one
+            // brought back from a snapshot counts on from the snapshot's, which is older, so
+            // only a clock past every stamp it issued keeps its stamps going up.
+            fenced: model.fencing && !self.stamps_may_go_back(model, before),
         }
+    }
+
+    /// Whether a node this restart from a snapshot brings back may issue a stamp below one it
+    /// issued before the kill: its next stamps follow its clock (the snapshot's stamp key is
+    /// older than its last stamp), and the clock steps of `before` may leave that clock, once
+    /// the node is back and has sat out the quarantine, behind the furthest reading it had
+    /// reached — its stamps never ran ahead of that (test `a_restart_from_a_snapshot_behind_a_
+    /// clock_stepped_back_reissues_stamps`). A step that failed to inject counts as made.
+    fn stamps_may_go_back(&self, model: &Model, before: &[Fault]) -> bool {
+        // Room for the faults' real times, which follow the schedule's within milliseconds.
+        const SLACK: i128 = 100_000_000;
+        if self.kind != Kind::KillSnapshot || !model.snapshot_stamps {
+            return false;
+        }
+        let ns = |d: Duration| d.as_nanos() as i128;
+        self.nodes.iter().any(|n| {
+            // The node's clock reads schedule time + offset; it is furthest just before each
+            // step and at the kill.
+            let (mut offset, mut furthest) = (0i128, 0i128);
+            for f in before.iter().filter(|f| f.nodes.contains(n)) {
+                let step = match f.kind {
+                    Kind::ClockForward => ns(f.amount),
+                    Kind::ClockBack => -ns(f.amount),
+                    _ => continue,
+                };
+                furthest = furthest.max(ns(f.at) + offset);
+                offset += step;
+            }
+            furthest = furthest.max(ns(self.at) + offset);
+            let granting_again = ns(self.at + self.lasts + model.quarantine_time) + offset;
+            granting_again < furthest + SLACK
+        })
     }
 
     /// A short description for the summary: kind, targets and amount.
@@ -297,13 +337,13 @@ impl Schedule {
 
     /// Which guarantees hold under every fault of the schedule.
     pub fn in_model(&self, model: &Model) -> InModel {
-        self.faults.iter().fold(
+        self.faults.iter().enumerate().fold(
             InModel {
                 mutex: true,
                 fenced: model.fencing,
             },
-            |acc, f| {
-                let m = f.in_model(model);
+            |acc, (i, f)| {
+                let m = f.in_model(model, &self.faults[..i]);
                 InModel {
                     mutex: acc.mutex && m.mutex,
                     fenced: acc.fenced && m.fenced,
@@ -377,7 +417,7 @@ pub async fn run(
     start: tokio::time::Instant,
 ) -> Vec<Applied> {
     let mut applied = Vec::with_capacity(schedule.faults.len());
-    for fault in &schedule.faults {
+    for (i, fault) in schedule.faults.iter().enumerate() {
         tokio::time::sleep_until(start + fault.at).await;
         let injected = clock.now();
         let mut error = None;
@@ -397,7 +437,7 @@ pub async fn run(
             fault: fault.clone(),
             injected,
             healed: clock.now(),
-            in_model: fault.in_model(model),
+            in_model: fault.in_model(model, &schedule.faults[..i]),
             error,
         });
     }
@@ -478,36 +518,99 @@ mod tests {
         assert_eq!(clock_catch_up(&applied, 4), vec![2400, 2400, 5000, 0]);
     }
 
-    #[test]
-    fn the_model_decides_which_checks_a_fault_leaves_standing() {
-        let model = Model {
+    /// A run on real servers with fencing and the quarantine, TTL 2 s.
+    fn real_model() -> Model {
+        Model {
             fencing: true,
             quarantine: true,
             ttl: Duration::from_secs(2),
             drift_allowance: Duration::from_millis(22),
-        };
+            quarantine_time: Duration::from_secs(3),
+            snapshot_stamps: true,
+        }
+    }
+
+    #[test]
+    fn the_model_decides_which_checks_a_fault_leaves_standing() {
+        let model = real_model();
         let mut f = Schedule::generate(1, &[Kind::ClockForward], Duration::from_secs(30), shape())
             .faults
             .remove(0);
         assert!(f.nodes.len() >= 3);
-        assert!(!f.in_model(&model).mutex, "a step of {:?}", f.amount);
+        assert!(!f.in_model(&model, &[]).mutex, "a step of {:?}", f.amount);
         f.amount = Duration::from_millis(20);
-        assert!(f.in_model(&model).mutex);
+        assert!(f.in_model(&model, &[]).mutex);
         let kill = Schedule::generate(1, &[Kind::Kill], Duration::from_secs(30), shape())
             .faults
             .remove(0);
-        assert!(kill.in_model(&model).mutex);
+        assert!(kill.in_model(&model, &[]).mutex);
         let off = Model {
             quarantine: false,
             fencing: false,
             ..model
         };
         assert_eq!(
-            kill.in_model(&off),
+            kill.in_model(&off, &[]),
             InModel {
                 mutex: false,
                 fenced: false
             }
+        );
+    }
+
+    /// A restart from a snapshot is beyond the fenced register's model when clock steps back on
+    /// its node may leave the node's clock, once back and quarantined, behind the furthest
+    /// reading it reached; not for another node, not when the time since makes up for the
+    /// steps, and not on simulated nodes (which keep their stamp key).
+    #[test]
+    fn a_snapshot_restart_behind_a_clock_stepped_back_is_beyond_the_fence_model() {
+        let model = real_model();
+        let at = |kind: Kind, node: usize, secs: f64, amount_ms: u64, lasts_ms: u64| Fault {
+            id: 0,
+            kind,
+            at: Duration::from_secs_f64(secs),
+            lasts: Duration::from_millis(lasts_ms),
+            nodes: vec![node],
+            client: None,
+            amount: Duration::from_millis(amount_ms),
+            jitter: Duration::ZERO,
+        };
+        // Node 0 stepped back 4 s at 10 s and again at 11 s: furthest reading 10 s; the kill
+        // at 12 s for 0.2 s, quarantined 3 s, grants again at 15.2 - 8 = 7.2 s on its clock.
+        let before = [
+            at(Kind::ClockBack, 0, 10.0, 4000, 0),
+            at(Kind::ClockBack, 0, 11.0, 4000, 0),
+        ];
+        let kill = |node: usize, secs: f64| at(Kind::KillSnapshot, node, secs, 0, 200);
+        assert!(!kill(0, 12.0).in_model(&model, &before).fenced);
+        assert!(
+            kill(1, 12.0).in_model(&model, &before).fenced,
+            "another node"
+        );
+        // By 16.9 s the node is back at 20.1 - 8 = 12.1 s on its clock, past 10 s.
+        assert!(kill(0, 16.9).in_model(&model, &before).fenced);
+        // One step of 4 s and a kill 1.2 s later: back at 11.2 + 0.2 + 3 - 4 = 10.4 s on its
+        // clock, past the 10 s reached and the 0.1 s of slack; 0.8 s later, back at 10.0 s.
+        assert!(kill(0, 11.2).in_model(&model, &before[..1]).fenced);
+        assert!(!kill(0, 10.8).in_model(&model, &before[..1]).fenced);
+        // A step forward first: furthest 11 + 1 = 12 s before the step back to 8 s; a kill at
+        // 11.5 s is back at 11.5 + 0.2 + 3 - 3 = 11.7 s on its clock, one at 13 s at 13.2 s.
+        let forward = [
+            at(Kind::ClockForward, 0, 10.0, 1000, 0),
+            at(Kind::ClockBack, 0, 11.0, 4000, 0),
+        ];
+        assert!(!kill(0, 11.5).in_model(&model, &forward).fenced);
+        assert!(kill(0, 13.0).in_model(&model, &forward).fenced);
+        let simulated = Model {
+            snapshot_stamps: false,
+            ..model
+        };
+        assert!(kill(0, 12.0).in_model(&simulated, &before).fenced);
+        // A kill that loses everything comes back under a new identity.
+        assert!(
+            at(Kind::Kill, 0, 12.0, 0, 200)
+                .in_model(&model, &before)
+                .fenced
         );
     }
 }

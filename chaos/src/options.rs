@@ -93,6 +93,8 @@ impl Settings {
             quarantine: self.quarantine,
             ttl: self.ttl,
             drift_allowance: self.drift_allowance(),
+            quarantine_time: self.quarantine_time().unwrap_or_default(),
+            snapshot_stamps: true,
         }
     }
 

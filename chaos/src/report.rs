@@ -33,6 +33,9 @@ pub struct FaultCount {
     pub first_error: Option<String>,
     /// Whether every fault of the kind was inside the model of the mutual exclusion checker.
     pub mutex_in_model: bool,
+    /// How many faults of the kind were beyond the fenced register's model (a `kill-snapshot`
+    /// of a node whose clock was stepped back), in a run with fencing on.
+    pub fenced_out_of_model: usize,
 }
 
 /// Everything a run found.
@@ -161,6 +164,9 @@ pub fn analyze(mode: &'static str, settings: &Settings, out: &Outcomes) -> Summa
             });
         e.count += 1;
         e.mutex_in_model &= f.in_model.mutex;
+        if model.fencing && !f.in_model.fenced {
+            e.fenced_out_of_model += 1;
+        }
         if let Some(err) = &f.error {
             e.errors += 1;
             e.first_error.get_or_insert_with(|| err.clone());
@@ -394,10 +400,13 @@ pub fn render(s: &Summary) -> String {
             out,
             "  {kind:<14} {:>4}  {}",
             f.count,
-            if f.mutex_in_model {
-                "in model"
-            } else {
-                "OUT OF MODEL (mutual exclusion)"
+            match (f.mutex_in_model, f.fenced_out_of_model) {
+                (true, 0) => "in model".to_owned(),
+                (false, 0) => "OUT OF MODEL (mutual exclusion)".to_owned(),
+                (mutex, n) => format!(
+                    "OUT OF MODEL ({}fenced register: {n} after clock steps)",
+                    if mutex { "" } else { "mutual exclusion, " }
+                ),
             }
         );
         if f.errors > 0 {

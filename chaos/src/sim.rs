@@ -175,7 +175,11 @@ async fn simulate(settings: &Settings) -> Result<Outcomes, String> {
         cluster: cluster.clone(),
         churning: Mutex::default(),
     };
-    let model = settings.model();
+    // The simulated `kill-snapshot` keeps the node's current stamp key (`Keep::Fraction`).
+    let model = nemesis::Model {
+        snapshot_stamps: false,
+        ..settings.model()
+    };
     let schedule = schedule(settings);
     let (applied, ()) = tokio::join!(
         nemesis::run(&schedule, &model, &faults, &slots, &*clock, start),
