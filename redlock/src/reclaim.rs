@@ -55,12 +55,23 @@ static ATTEMPTS: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
 fn registry() -> &'static Mutex<Registry> {
     #[cfg(feature = "simulation")]
     if crate::det::simulated() {
-        thread_local! {
-            static SIMULATED: &'static Mutex<Registry> = Box::leak(Box::default());
-        }
         return SIMULATED.with(|r| *r);
     }
     &ATTEMPTS
+}
+
+#[cfg(feature = "simulation")]
+thread_local! {
+    /// A simulated thread's registry (see [`registry`]).
+    static SIMULATED: &'static Mutex<Registry> = Box::leak(Box::default());
+}
+
+/// Empties this thread's simulated registry: a new history starts with none of the last one's
+/// attempts, which a replay of the same seed on the same thread would otherwise meet (same
+/// tokens, same keys) and wait for, on the last history's clock.
+#[cfg(feature = "simulation")]
+pub(crate) fn forget_simulated() {
+    SIMULATED.with(|r| *lock(r) = Registry::default());
 }
 
 #[derive(Default)]
