@@ -31,7 +31,7 @@ pub struct Verdict {
 /// breaks it near itself, and the rest of the run is still checked.
 #[derive(Clone, Debug, Serialize)]
 pub struct Outside {
-    /// What the spans are around: "faults beyond its model", "faults and their recovery".
+    /// What the spans are around: "faults beyond its model", "faults and pause strikes, with their recovery".
     pub around: &'static str,
     /// The spans left out.
     pub spans: usize,
@@ -203,26 +203,32 @@ pub fn mutual_exclusion_outside(ops: &[Op], spans: &[(u64, u64)], run: (u64, u64
     v
 }
 
+/// `spans` as sorted, disjoint intervals (overlapping or touching ones joined; empty ones
+/// dropped).
+fn merge(spans: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut sorted: Vec<(u64, u64)> = spans.iter().copied().filter(|(a, b)| a < b).collect();
+    sorted.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(sorted.len());
+    for (a, b) in sorted {
+        match merged.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    merged
+}
+
 /// The share of `run` (start, end) inside the union of `spans`.
 fn covered(spans: &[(u64, u64)], run: (u64, u64)) -> f64 {
     let (start, end) = run;
     if end <= start {
         return 0.0;
     }
-    let mut clipped: Vec<(u64, u64)> = spans
+    let clipped: Vec<(u64, u64)> = spans
         .iter()
         .map(|&(a, b)| (a.max(start), b.min(end)))
-        .filter(|(a, b)| a < b)
         .collect();
-    clipped.sort_unstable();
-    let (mut inside, mut reached) = (0u64, start);
-    for (a, b) in clipped {
-        let a = a.max(reached);
-        if b > a {
-            inside += b - a;
-            reached = b;
-        }
-    }
+    let inside: u64 = merge(&clipped).iter().map(|(a, b)| b - a).sum();
     inside as f64 / (end - start) as f64
 }
 
@@ -360,14 +366,22 @@ pub fn progress(ops: &[Op], excused: &[(u64, u64)], patience: u64, run: (u64, u6
     for list in grants.values_mut() {
         list.sort_unstable();
     }
+    let merged = merge(excused);
+    // Whether [from, to] overlaps an excused interval: the first one ending after `from`
+    // must begin before `to`.
+    let overlaps = |from: u64, to: u64| {
+        merged
+            .get(merged.partition_point(|&(_, b)| b <= from))
+            .is_some_and(|&(a, _)| a < to)
+    };
     let mut refused: Vec<&Op> = ops
         .iter()
         .filter(|o| o.kind == Kind::Acquire && o.outcome == Outcome::Fail)
-        .filter(|o| !excused.iter().any(|&(a, b)| a < o.complete && o.invoke < b))
+        .filter(|o| !overlaps(o.invoke, o.complete))
         .collect();
-    refused.sort_by_key(|o| (o.resource, o.invoke));
+    refused.sort_by_key(|o| (o.invoke, o.resource));
     // (resource, the last grant before the stall): one violation each.
-    let mut stalls: Vec<(u32, Option<u64>)> = Vec::new();
+    let mut stalls: std::collections::HashSet<(u32, Option<u64>)> = Default::default();
     for op in refused {
         let list = grants.get(&op.resource).map_or(&[][..], Vec::as_slice);
         let last = list[..list.partition_point(|&t| t <= op.complete)]
@@ -376,11 +390,9 @@ pub fn progress(ops: &[Op], excused: &[(u64, u64)], patience: u64, run: (u64, u6
         if last.unwrap_or(start).saturating_add(patience) >= op.invoke {
             continue;
         }
-        let stall = (op.resource, last);
-        if stalls.contains(&stall) {
+        if !stalls.insert((op.resource, last)) {
             continue;
         }
-        stalls.push(stall);
         v.found(|| {
             let since = last.map_or("since the run began".to_owned(), |t| {
                 format!("for {:.3} ms", op.complete.saturating_sub(t) as f64 / 1e6)
@@ -395,7 +407,7 @@ pub fn progress(ops: &[Op], excused: &[(u64, u64)], patience: u64, run: (u64, u6
     }
     // Every stall found lies outside the spans: only attempts that overlap none are judged.
     v.outside = Some(Outside {
-        around: "faults and their recovery",
+        around: "faults and pause strikes, with their recovery",
         spans: excused.len(),
         violations: v.violations,
         first: v.first.clone(),

@@ -155,9 +155,9 @@ pub struct Fault {
 }
 
 impl Fault {
-    /// Which guarantees hold under this fault with `model`, after the faults `before` it in its
-    /// schedule.
-    pub fn in_model(&self, model: &Model, before: &[Fault]) -> InModel {
+    /// Which guarantees hold under this fault with `model`, between the faults `before` and
+    /// `after` it in its schedule.
+    pub fn in_model(&self, model: &Model, before: &[Fault], after: &[Fault]) -> InModel {
         let mutex = match self.kind {
             // A restart that loses keys hands out held locks again unless quarantined.
             Kind::Kill | Kind::KillSnapshot => model.quarantine,
@@ -171,39 +171,63 @@ impl Fault {
             // back under a new identity, one that kept it counts on from its last stamp; one
             // brought back from a snapshot counts on from the snapshot's, which is older, so
             // only a clock past every stamp it issued keeps its stamps going up.
-            fenced: model.fencing && !self.stamps_may_go_back(model, before),
+            fenced: model.fencing && !self.stamps_may_go_back(model, before, after),
         }
     }
 
     /// Whether a node this restart from a snapshot brings back may issue a stamp below one it
-    /// issued before the kill: its next stamps follow its clock (the snapshot's stamp key is
-    /// older than its last stamp), and the clock steps of `before` may leave that clock, once
-    /// the node is back and has sat out the quarantine, behind the furthest reading it had
-    /// reached — its stamps never ran ahead of that (test `a_restart_from_a_snapshot_behind_a_
-    /// clock_stepped_back_reissues_stamps`). A step that failed to inject counts as made.
-    fn stamps_may_go_back(&self, model: &Model, before: &[Fault]) -> bool {
-        // Room for the faults' real times, which follow the schedule's within milliseconds.
-        const SLACK: i128 = 100_000_000;
+    /// issued before the kill: its first stamp after it follows its clock (the snapshot's stamp
+    /// key is older than its last stamp), and clock steps — those of `before`, and those of
+    /// `after` that may come before that first stamp — may leave that clock, from the end of
+    /// its quarantine on, behind the furthest reading it had reached, which its stamps never
+    /// ran ahead of (test `a_restart_from_a_snapshot_behind_a_clock_stepped_back_reissues_
+    /// stamps`). Erring on the side of "may": the furthest reading counts every step as made,
+    /// the readings after it only the steps back (a step forward may have failed), every later
+    /// step back may come before the node's first grant, and a second of slack covers faults
+    /// that start late (a fault starts when the one before it ended, which a slow restart
+    /// delays).
+    fn stamps_may_go_back(&self, model: &Model, before: &[Fault], after: &[Fault]) -> bool {
+        const SLACK: i128 = 1_000_000_000;
         if self.kind != Kind::KillSnapshot || !model.snapshot_stamps {
             return false;
         }
         let ns = |d: Duration| d.as_nanos() as i128;
         self.nodes.iter().any(|n| {
-            // The node's clock reads schedule time + offset; it is furthest just before each
-            // step and at the kill.
-            let (mut offset, mut furthest) = (0i128, 0i128);
-            for f in before.iter().filter(|f| f.nodes.contains(n)) {
-                let step = match f.kind {
-                    Kind::ClockForward => ns(f.amount),
-                    Kind::ClockBack => -ns(f.amount),
-                    _ => continue,
-                };
-                furthest = furthest.max(ns(f.at) + offset);
+            let steps = |faults: &'_ [Fault]| {
+                faults
+                    .iter()
+                    .filter(|f| f.nodes.contains(n))
+                    .filter_map(|f| match f.kind {
+                        Kind::ClockForward => Some((ns(f.at), ns(f.amount))),
+                        Kind::ClockBack => Some((ns(f.at), -ns(f.amount))),
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>()
+            };
+            // Schedule time + offset is the node's clock; furthest just before each step and at
+            // the kill.
+            let (mut offset, mut back, mut furthest) = (0i128, 0i128, 0i128);
+            for (at, step) in steps(before) {
+                furthest = furthest.max(at + offset);
                 offset += step;
+                back += step.min(0);
             }
             furthest = furthest.max(ns(self.at) + offset);
-            let granting_again = ns(self.at + self.lasts + model.quarantine_time) + offset;
-            granting_again < furthest + SLACK
+            // Lowest from the end of the quarantine on: then, or right after a later step back.
+            let granting = ns(self.at + self.lasts + model.quarantine_time);
+            let later: Vec<(i128, i128)> =
+                steps(after).into_iter().filter(|&(_, s)| s < 0).collect();
+            back += later
+                .iter()
+                .filter(|&&(at, _)| at < granting)
+                .map(|&(_, s)| s)
+                .sum::<i128>();
+            let mut lowest = granting + back;
+            for (at, step) in later.into_iter().filter(|&(at, _)| at >= granting) {
+                back += step;
+                lowest = lowest.min(at + back);
+            }
+            lowest < furthest + SLACK
         })
     }
 
@@ -343,7 +367,7 @@ impl Schedule {
                 fenced: model.fencing,
             },
             |acc, (i, f)| {
-                let m = f.in_model(model, &self.faults[..i]);
+                let m = f.in_model(model, &self.faults[..i], &self.faults[i + 1..]);
                 InModel {
                     mutex: acc.mutex && m.mutex,
                     fenced: acc.fenced && m.fenced,
@@ -437,7 +461,7 @@ pub async fn run(
             fault: fault.clone(),
             injected,
             healed: clock.now(),
-            in_model: fault.in_model(model, &schedule.faults[..i]),
+            in_model: fault.in_model(model, &schedule.faults[..i], &schedule.faults[i + 1..]),
             error,
         });
     }
@@ -537,20 +561,24 @@ mod tests {
             .faults
             .remove(0);
         assert!(f.nodes.len() >= 3);
-        assert!(!f.in_model(&model, &[]).mutex, "a step of {:?}", f.amount);
+        assert!(
+            !f.in_model(&model, &[], &[]).mutex,
+            "a step of {:?}",
+            f.amount
+        );
         f.amount = Duration::from_millis(20);
-        assert!(f.in_model(&model, &[]).mutex);
+        assert!(f.in_model(&model, &[], &[]).mutex);
         let kill = Schedule::generate(1, &[Kind::Kill], Duration::from_secs(30), shape())
             .faults
             .remove(0);
-        assert!(kill.in_model(&model, &[]).mutex);
+        assert!(kill.in_model(&model, &[], &[]).mutex);
         let off = Model {
             quarantine: false,
             fencing: false,
             ..model
         };
         assert_eq!(
-            kill.in_model(&off, &[]),
+            kill.in_model(&off, &[], &[]),
             InModel {
                 mutex: false,
                 fenced: false
@@ -558,10 +586,11 @@ mod tests {
         );
     }
 
-    /// A restart from a snapshot is beyond the fenced register's model when clock steps back on
-    /// its node may leave the node's clock, once back and quarantined, behind the furthest
-    /// reading it reached; not for another node, not when the time since makes up for the
-    /// steps, and not on simulated nodes (which keep their stamp key).
+    /// A restart from a snapshot is beyond the fenced register's model when clock steps (before
+    /// it, or after it but maybe before the node's first grant) may leave the node's clock,
+    /// from the end of its quarantine on, behind the furthest reading it reached plus a second;
+    /// not for another node, not when the time since makes up for the steps, and not on
+    /// simulated nodes (which keep their stamp key).
     #[test]
     fn a_snapshot_restart_behind_a_clock_stepped_back_is_beyond_the_fence_model() {
         let model = real_model();
@@ -575,6 +604,8 @@ mod tests {
             amount: Duration::from_millis(amount_ms),
             jitter: Duration::ZERO,
         };
+        let fenced =
+            |f: &Fault, before: &[Fault], after: &[Fault]| f.in_model(&model, before, after).fenced;
         // Node 0 stepped back 4 s at 10 s and again at 11 s: furthest reading 10 s; the kill
         // at 12 s for 0.2 s, quarantined 3 s, grants again at 15.2 - 8 = 7.2 s on its clock.
         let before = [
@@ -582,35 +613,37 @@ mod tests {
             at(Kind::ClockBack, 0, 11.0, 4000, 0),
         ];
         let kill = |node: usize, secs: f64| at(Kind::KillSnapshot, node, secs, 0, 200);
-        assert!(!kill(0, 12.0).in_model(&model, &before).fenced);
-        assert!(
-            kill(1, 12.0).in_model(&model, &before).fenced,
-            "another node"
-        );
-        // By 16.9 s the node is back at 20.1 - 8 = 12.1 s on its clock, past 10 s.
-        assert!(kill(0, 16.9).in_model(&model, &before).fenced);
-        // One step of 4 s and a kill 1.2 s later: back at 11.2 + 0.2 + 3 - 4 = 10.4 s on its
-        // clock, past the 10 s reached and the 0.1 s of slack; 0.8 s later, back at 10.0 s.
-        assert!(kill(0, 11.2).in_model(&model, &before[..1]).fenced);
-        assert!(!kill(0, 10.8).in_model(&model, &before[..1]).fenced);
-        // A step forward first: furthest 11 + 1 = 12 s before the step back to 8 s; a kill at
-        // 11.5 s is back at 11.5 + 0.2 + 3 - 3 = 11.7 s on its clock, one at 13 s at 13.2 s.
+        assert!(!fenced(&kill(0, 12.0), &before, &[]));
+        assert!(fenced(&kill(1, 12.0), &before, &[]), "another node");
+        // By 17.9 s the node is back at 21.1 - 8 = 13.1 s on its clock, past 10 + 1 s.
+        assert!(fenced(&kill(0, 17.9), &before, &[]));
+        // One step of 4 s: a kill at 11.2 s is back at 11.2 + 0.2 + 3 - 4 = 10.4 s on its
+        // clock, within the second of slack; one at 12 s at 11.2 s, past it.
+        assert!(!fenced(&kill(0, 11.2), &before[..1], &[]));
+        assert!(fenced(&kill(0, 12.0), &before[..1], &[]));
+        // A step forward first: furthest 11 + 1 = 12 s before the step back; the readings
+        // after the kill count only the step back (the forward one may have failed): a kill
+        // at 13 s is back at 13 + 3.2 - 4 = 12.2 s, within the slack; one at 14 s at 13.2 s.
         let forward = [
             at(Kind::ClockForward, 0, 10.0, 1000, 0),
             at(Kind::ClockBack, 0, 11.0, 4000, 0),
         ];
-        assert!(!kill(0, 11.5).in_model(&model, &forward).fenced);
-        assert!(kill(0, 13.0).in_model(&model, &forward).fenced);
+        assert!(!fenced(&kill(0, 13.0), &forward, &[]));
+        assert!(fenced(&kill(0, 14.0), &forward, &[]));
+        // Steps after the kill: furthest 20 s at the kill; back from quarantine at 23.2 s.
+        // A step back of 3.9 s during the quarantine (at 21.2 s) leaves it at 19.3 s; one at
+        // 23.5 s takes it to 19.6 s; one at 30 s only to 26.1 s.
+        let back_at = |secs: f64| [at(Kind::ClockBack, 0, secs, 3900, 0)];
+        assert!(!fenced(&kill(0, 20.0), &[], &back_at(21.2)));
+        assert!(!fenced(&kill(0, 20.0), &[], &back_at(23.5)));
+        assert!(fenced(&kill(0, 20.0), &[], &back_at(30.0)));
+        assert!(fenced(&kill(0, 20.0), &[], &[]));
         let simulated = Model {
             snapshot_stamps: false,
             ..model
         };
-        assert!(kill(0, 12.0).in_model(&simulated, &before).fenced);
+        assert!(kill(0, 12.0).in_model(&simulated, &before, &[]).fenced);
         // A kill that loses everything comes back under a new identity.
-        assert!(
-            at(Kind::Kill, 0, 12.0, 0, 200)
-                .in_model(&model, &before)
-                .fenced
-        );
+        assert!(fenced(&at(Kind::Kill, 0, 12.0, 0, 200), &before, &[]));
     }
 }

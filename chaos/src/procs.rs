@@ -354,6 +354,7 @@ pub async fn run(settings: &Settings) -> Result<Outcomes, String> {
         leftovers,
         span: (start_ns, end_ns),
         pauses_struck: None,
+        pause_strikes: Vec::new(),
     })
 }
 

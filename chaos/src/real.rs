@@ -275,6 +275,7 @@ pub async fn run(settings: &Settings) -> Result<Outcomes, String> {
         leftovers,
         span: (start_ns, end_ns),
         pauses_struck: Some(slots.struck()),
+        pause_strikes: slots.strikes(),
     })
 }
 

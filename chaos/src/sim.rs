@@ -222,6 +222,7 @@ async fn simulate(settings: &Settings) -> Result<Outcomes, String> {
         leftovers,
         span: (start_ns, end_ns),
         pauses_struck: Some(slots.struck()),
+        pause_strikes: slots.strikes(),
     })
 }
 

@@ -61,7 +61,7 @@ impl Stop for BlockThread {
 
 /// A client's pending pause, set by the nemesis and taken at the next read→write gap.
 #[derive(Debug, Default)]
-pub struct PauseSlot(Mutex<Option<Duration>>, AtomicU64);
+pub struct PauseSlot(Mutex<Option<Duration>>, AtomicU64, Mutex<Vec<(u64, u64)>>);
 
 impl PauseSlot {
     /// Asks for a pause of `lasts` at the next gap.
@@ -81,6 +81,21 @@ impl PauseSlot {
     pub fn struck(&self) -> u64 {
         self.1.load(Ordering::Relaxed)
     }
+
+    fn record(&self, start: u64, end: u64) {
+        self.2
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((start, end));
+    }
+
+    /// Start and end (the run's clock, ns) of each pause that struck and ended.
+    pub fn strikes(&self) -> Vec<(u64, u64)> {
+        self.2
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
 }
 
 /// Pause slots of every client of one process.
@@ -91,6 +106,11 @@ impl PauseSlots {
     /// How many pauses struck, over every client.
     pub fn struck(&self) -> u64 {
         self.0.iter().map(|s| s.struck()).sum()
+    }
+
+    /// Start and end of each pause that struck, over every client.
+    pub fn strikes(&self) -> Vec<(u64, u64)> {
+        self.0.iter().flat_map(|s| s.strikes()).collect()
     }
 }
 
@@ -390,7 +410,9 @@ impl Holder<'_> {
         let invoke = self.clock.now();
         let gap: BoxFuture<'_, ()> = Box::pin(async {
             if let Some(lasts) = self.pause.take() {
+                let start = self.clock.now();
                 self.stop.stop(lasts).await;
+                self.pause.record(start, self.clock.now());
             }
         });
         let done = self.register.rmw(base.resource, token, gap).await;
