@@ -182,10 +182,10 @@ impl Fault {
     /// its quarantine on, behind the furthest reading it had reached, which its stamps never
     /// ran ahead of (test `a_restart_from_a_snapshot_behind_a_clock_stepped_back_reissues_
     /// stamps`). Erring on the side of "may": the furthest reading counts every step as made,
-    /// the readings after it only the steps back (a step forward may have failed), every later
-    /// step back may come before the node's first grant, and a second of slack covers faults
-    /// that start late (a fault starts when the one before it ended, which a slow restart
-    /// delays).
+    /// the readings after it only the steps back (a step forward may have failed), a later step
+    /// back counts until a second after the node was back and reachable, and a second of slack
+    /// covers faults that start late (a fault starts when the one before it ended, which a
+    /// slow restart delays).
     fn stamps_may_go_back(&self, model: &Model, before: &[Fault], after: &[Fault]) -> bool {
         const SLACK: i128 = 1_000_000_000;
         if self.kind != Kind::KillSnapshot || !model.snapshot_stamps {
@@ -213,19 +213,29 @@ impl Fault {
                 back += step.min(0);
             }
             furthest = furthest.max(ns(self.at) + offset);
-            // Lowest from the end of the quarantine on: then, or right after a later step back.
+            // Lowest from the end of the quarantine on, until the node surely granted (every
+            // grant of a stamped acquire takes a stamp, quorum or not, and clients ask all the
+            // time): a second after it was back and reachable. A later fault that keeps it from
+            // granting (down, stopped, cut off, slowed) moves that past its own end; a step
+            // back before then lowers the clock.
             let granting = ns(self.at + self.lasts + model.quarantine_time);
-            let later: Vec<(i128, i128)> =
-                steps(after).into_iter().filter(|&(_, s)| s < 0).collect();
-            back += later
-                .iter()
-                .filter(|&&(at, _)| at < granting)
-                .map(|&(_, s)| s)
-                .sum::<i128>();
-            let mut lowest = granting + back;
-            for (at, step) in later.into_iter().filter(|&(at, _)| at >= granting) {
-                back += step;
-                lowest = lowest.min(at + back);
+            let (mut lowest, mut until) = (granting + back, granting + SLACK);
+            for f in after.iter().filter(|f| f.nodes.contains(n)) {
+                let at = ns(f.at);
+                if at >= until {
+                    break;
+                }
+                match f.kind {
+                    Kind::ClockBack => {
+                        back -= ns(f.amount);
+                        lowest = lowest.min(at.max(granting) + back);
+                    }
+                    Kind::ClockForward | Kind::ScriptFlush => {}
+                    Kind::Kill | Kind::KillAof | Kind::KillSnapshot => {
+                        until = until.max(ns(f.at + f.lasts + model.quarantine_time) + SLACK);
+                    }
+                    _ => until = until.max(ns(f.at + f.lasts) + SLACK),
+                }
             }
             lowest < furthest + SLACK
         })
@@ -630,14 +640,22 @@ mod tests {
         ];
         assert!(!fenced(&kill(0, 13.0), &forward, &[]));
         assert!(fenced(&kill(0, 14.0), &forward, &[]));
-        // Steps after the kill: furthest 20 s at the kill; back from quarantine at 23.2 s.
-        // A step back of 3.9 s during the quarantine (at 21.2 s) leaves it at 19.3 s; one at
-        // 23.5 s takes it to 19.6 s; one at 30 s only to 26.1 s.
-        let back_at = |secs: f64| [at(Kind::ClockBack, 0, secs, 3900, 0)];
-        assert!(!fenced(&kill(0, 20.0), &[], &back_at(21.2)));
-        assert!(!fenced(&kill(0, 20.0), &[], &back_at(23.5)));
-        assert!(fenced(&kill(0, 20.0), &[], &back_at(30.0)));
+        // Steps after the kill: furthest 20 s at the kill; back from quarantine at 23.2 s,
+        // surely granted by 24.2 s. A step back of 3.9 s during the quarantine (at 21.2 s)
+        // leaves it at 19.3 s; one at 23.5 s takes it to 19.6 s; one at 24.5 s comes after
+        // the node granted (its stamps then count on from one past 20 s).
+        let back_at = |secs: f64| at(Kind::ClockBack, 0, secs, 3900, 0);
+        assert!(!fenced(&kill(0, 20.0), &[], &[back_at(21.2)]));
+        assert!(!fenced(&kill(0, 20.0), &[], &[back_at(23.5)]));
+        assert!(fenced(&kill(0, 20.0), &[], &[back_at(24.5)]));
         assert!(fenced(&kill(0, 20.0), &[], &[]));
+        // Cut off from 24 s to 26 s, it may not have granted until 27 s: a step back of 6 s
+        // at 26.5 s counts (20.5 s on its clock); the same partition on another node does not
+        // hold it up.
+        let cut = |node: usize| at(Kind::Partition, node, 24.0, 0, 2000);
+        let far_back = at(Kind::ClockBack, 0, 26.5, 6000, 0);
+        assert!(!fenced(&kill(0, 20.0), &[], &[cut(0), far_back.clone()]));
+        assert!(fenced(&kill(0, 20.0), &[], &[cut(1), far_back]));
         let simulated = Model {
             snapshot_stamps: false,
             ..model
