@@ -785,3 +785,48 @@ async fn cancelled_callers_on_hot_keys_leave_nothing_behind() {
         "lock keys left behind (node, key, PTTL ms): {left:?}"
     );
 }
+
+/// A server whose clock was stepped back past its start reports a negative uptime (Redis 7.0:
+/// `uptime_in_seconds:-3597` an hour back, 3 s after it started). The quarantine must take it
+/// for a server that just started — sit out the quarantine, then count — not fail every
+/// connection until its clock has caught up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_whose_clock_went_back_past_its_start_sits_out_the_quarantine() {
+    let cluster = Cluster::builder()
+        .nodes(1)
+        .fake_clock(true)
+        .start()
+        .await
+        .unwrap();
+    cluster.node(0).jump_clock(-3_600_000).unwrap();
+    let ttl = Duration::from_secs(1);
+    let rl = builder(cluster.urls(), ttl)
+        .restart_quarantine(ttl)
+        .retry(RetryPolicy::once())
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let mut refusals: Vec<String> = Vec::new();
+    loop {
+        match rl.try_acquire("stepped-back").await {
+            Ok(lock) => {
+                rl.release(lock).await.unwrap();
+                break;
+            }
+            Err(e) if started.elapsed() < Duration::from_secs(10) => {
+                if quarantined_nodes(&e) == 0 && refusals.len() < 3 {
+                    refusals.push(e.to_string());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!(
+                "no grant within 10 s of the clock step; first refusals other than the \
+                 quarantine: {refusals:?}; last: {e}"
+            ),
+        }
+    }
+    assert!(
+        refusals.is_empty(),
+        "refused for other reasons than the quarantine: {refusals:?}"
+    );
+}

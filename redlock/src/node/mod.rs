@@ -1585,14 +1585,17 @@ pub(crate) fn quarantine_until(
     created_ms: Option<u64>,
     now_ms: &str,
 ) -> Result<Option<Instant>, NodeError> {
-    let uptime = uptime.and_then(|v| v.parse::<u64>().ok()).ok_or_else(|| {
+    let uptime = uptime.and_then(|v| v.parse::<i64>().ok()).ok_or_else(|| {
         NodeError::new(
             NodeErrorKind::Server,
             "INFO server has no uptime_in_seconds",
         )
     })?;
-    // Whole seconds round down, so the age is never overstated.
-    let mut age = Duration::from_secs(uptime);
+    // Whole seconds round down, so the age is never overstated. Redis counts the uptime on its
+    // wall clock: stepped back past the server's start, it is negative, and the server counts
+    // as just started (before, every connection failed until the clock had caught up; test
+    // `a_server_whose_clock_went_back_past_its_start_sits_out_the_quarantine`).
+    let mut age = Duration::from_secs(u64::try_from(uptime).unwrap_or(0));
     if let (Some(created), Ok(now)) = (created_ms, now_ms.parse::<u64>()) {
         age = age.min(Duration::from_millis(now.saturating_sub(created)));
     }
@@ -2056,5 +2059,34 @@ mod distance_tests {
             answers > 8,
             "one burst of {answers} slow answers made the node far"
         );
+    }
+}
+
+#[cfg(test)]
+mod quarantine_tests {
+    use super::quarantine_until;
+    use std::time::Duration;
+
+    /// The quarantine runs from the younger of the server's uptime and its identity record's
+    /// age; a negative uptime (a wall clock stepped back past the server's start) is a server
+    /// that just started, and an uptime that is not a number is an error.
+    #[test]
+    fn the_quarantine_counts_a_negative_uptime_as_a_fresh_start() {
+        let q = Duration::from_secs(3);
+        assert!(quarantine_until(q, Some("5"), None, "0").unwrap().is_none());
+        assert!(quarantine_until(q, Some("1"), None, "0").unwrap().is_some());
+        assert!(
+            quarantine_until(q, Some("-3597"), None, "0")
+                .unwrap()
+                .is_some()
+        );
+        // An old server whose identity record is 1 s old (on its clock) sits it out too.
+        assert!(
+            quarantine_until(q, Some("100"), Some(9_000), "10000")
+                .unwrap()
+                .is_some()
+        );
+        assert!(quarantine_until(q, Some("soon"), None, "0").is_err());
+        assert!(quarantine_until(q, None, None, "0").is_err());
     }
 }
