@@ -389,7 +389,12 @@ async fn check_info(
                 format!("{name} {version}, up {uptime}s"),
             );
             r.run_id = info_field(&server, "run_id").map(str::to_owned);
-            r.uptime = uptime.parse().ok();
+            // Counted on the server's wall clock: negative once stepped back past its start,
+            // which the client takes for a fresh start (quarantined), and so does this.
+            r.uptime = uptime
+                .parse::<i64>()
+                .ok()
+                .map(|u| u64::try_from(u).unwrap_or(0));
         }
         Err(e) => {
             let level = if ctx.quarantine.is_some() {

@@ -217,3 +217,32 @@ async fn a_cluster_inside_its_restart_quarantine_is_warned_about() {
     assert_eq!(report["errors"], 0, "{report:#}");
     assert_eq!(code, Some(0), "warnings alone exit 0: {report:#}");
 }
+
+/// Servers whose clocks were stepped back past their start report a negative uptime; the
+/// client counts them as just started (quarantined), so `doctor` must warn as it does for a
+/// fresh cluster. It left them out of its count and said "ok: 0 of 3 nodes are past the
+/// restart quarantine".
+#[tokio::test]
+async fn servers_whose_clocks_went_back_past_their_start_are_warned_about() {
+    let cluster = Cluster::builder()
+        .nodes(3)
+        .fake_clock(true)
+        .start()
+        .await
+        .unwrap();
+    // Old enough for a 2 s quarantine, then an hour back.
+    tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
+    for i in 0..3 {
+        cluster.node(i).jump_clock(-3_600_000).unwrap();
+    }
+    let (code, report) = doctor(&nodes(&cluster), &["--restart-quarantine", "2s"]).await;
+    let warned = findings(&report, "warn", "quarantine");
+    assert_eq!(warned.len(), 1, "{report:#}");
+    assert!(
+        warned[0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("only 0 of 3 nodes")),
+        "{report:#}"
+    );
+    assert_eq!(code, Some(0), "warnings alone exit 0: {report:#}");
+}
