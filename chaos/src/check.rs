@@ -31,7 +31,8 @@ pub struct Verdict {
 /// breaks it near itself, and the rest of the run is still checked.
 #[derive(Clone, Debug, Serialize)]
 pub struct Outside {
-    /// What the spans are around: "faults beyond its model", "faults and pause strikes, with their recovery".
+    /// What the spans are around: "faults beyond its model", "faults and pause strikes, with
+    /// their recovery".
     pub around: &'static str,
     /// The spans left out.
     pub spans: usize,
@@ -351,8 +352,8 @@ fn mutex(ops: &[Op], guaranteed: bool, spans: Option<&[(u64, u64)]>) -> Verdict 
 /// that resource completed from `patience` before the attempt began to its end, and the
 /// attempt overlaps none of the `excused` intervals (each fault from its injection to the end
 /// of its recovery allowance). Every such attempt after the same last grant is one stall, one
-/// violation: the resource sat refused for longer than a holder may keep it. `run` is the run's start and end; the start
-/// counts as a grant of every resource.
+/// violation: the resource sat refused for longer than a holder may keep it. `run` is the
+/// run's start and end; the start counts as a grant of every resource.
 pub fn progress(ops: &[Op], excused: &[(u64, u64)], patience: u64, run: (u64, u64)) -> Verdict {
     let mut v = Verdict::new("progress", false);
     let start = run.0;

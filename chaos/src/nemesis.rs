@@ -193,22 +193,16 @@ impl Fault {
         }
         let ns = |d: Duration| d.as_nanos() as i128;
         self.nodes.iter().any(|n| {
-            let steps = |faults: &'_ [Fault]| {
-                faults
-                    .iter()
-                    .filter(|f| f.nodes.contains(n))
-                    .filter_map(|f| match f.kind {
-                        Kind::ClockForward => Some((ns(f.at), ns(f.amount))),
-                        Kind::ClockBack => Some((ns(f.at), -ns(f.amount))),
-                        _ => None,
-                    })
-                    .collect::<Vec<_>>()
-            };
             // Schedule time + offset is the node's clock; furthest just before each step and at
             // the kill.
             let (mut offset, mut back, mut furthest) = (0i128, 0i128, 0i128);
-            for (at, step) in steps(before) {
-                furthest = furthest.max(at + offset);
+            for f in before.iter().filter(|f| f.nodes.contains(n)) {
+                let step = match f.kind {
+                    Kind::ClockForward => ns(f.amount),
+                    Kind::ClockBack => -ns(f.amount),
+                    _ => continue,
+                };
+                furthest = furthest.max(ns(f.at) + offset);
                 offset += step;
                 back += step.min(0);
             }
@@ -369,15 +363,20 @@ impl Schedule {
         Schedule { faults }
     }
 
+    /// Which guarantees hold under the schedule's fault `i`, between the ones before and after.
+    pub fn fault_in_model(&self, i: usize, model: &Model) -> InModel {
+        self.faults[i].in_model(model, &self.faults[..i], &self.faults[i + 1..])
+    }
+
     /// Which guarantees hold under every fault of the schedule.
     pub fn in_model(&self, model: &Model) -> InModel {
-        self.faults.iter().enumerate().fold(
+        (0..self.faults.len()).fold(
             InModel {
                 mutex: true,
                 fenced: model.fencing,
             },
-            |acc, (i, f)| {
-                let m = f.in_model(model, &self.faults[..i], &self.faults[i + 1..]);
+            |acc, i| {
+                let m = self.fault_in_model(i, model);
                 InModel {
                     mutex: acc.mutex && m.mutex,
                     fenced: acc.fenced && m.fenced,
@@ -471,7 +470,7 @@ pub async fn run(
             fault: fault.clone(),
             injected,
             healed: clock.now(),
-            in_model: fault.in_model(model, &schedule.faults[..i], &schedule.faults[i + 1..]),
+            in_model: schedule.fault_in_model(i, model),
             error,
         });
     }

@@ -353,8 +353,7 @@ pub async fn run(settings: &Settings) -> Result<Outcomes, String> {
         finals,
         leftovers,
         span: (start_ns, end_ns),
-        pauses_struck: None,
-        pause_strikes: Vec::new(),
+        pause_strikes: None,
     })
 }
 

@@ -274,8 +274,7 @@ pub async fn run(settings: &Settings) -> Result<Outcomes, String> {
         finals,
         leftovers,
         span: (start_ns, end_ns),
-        pauses_struck: Some(slots.struck()),
-        pause_strikes: slots.strikes(),
+        pause_strikes: Some(slots.strikes()),
     })
 }
 

@@ -85,12 +85,9 @@ pub struct Outcomes {
     pub leftovers: Leftovers,
     /// Start and end of the workload, shared clock (ns).
     pub span: (u64, u64),
-    /// Client pauses that struck (`None` where the run cannot tell: clients in processes of
-    /// their own).
-    pub pauses_struck: Option<u64>,
-    /// Start and end (shared clock, ns) of each client pause that struck (empty where the run
-    /// cannot tell).
-    pub pause_strikes: Vec<(u64, u64)>,
+    /// Start and end (shared clock, ns) of each client pause that struck (`None` where the run
+    /// cannot tell: clients in processes of their own).
+    pub pause_strikes: Option<Vec<(u64, u64)>>,
 }
 
 /// Runs every checker over a run's outcomes and decides whether it passed.
@@ -285,6 +282,7 @@ fn progress_excused(settings: &Settings, out: &Outcomes) -> Vec<(u64, u64)> {
     excused.extend(
         out.pause_strikes
             .iter()
+            .flatten()
             .map(|&(start, end)| (start, end.saturating_add(patience))),
     );
     excused
@@ -334,7 +332,10 @@ pub(crate) fn vacuous(settings: &Settings, out: &Outcomes) -> Vec<String> {
         .iter()
         .filter(|f| f.fault.kind == crate::nemesis::Kind::Pause)
         .count();
-    if pauses > 0 && pauses == out.faults.len() && out.pauses_struck == Some(0) {
+    if pauses > 0
+        && pauses == out.faults.len()
+        && out.pause_strikes.as_ref().is_some_and(Vec::is_empty)
+    {
         failures.push(format!(
             "{pauses} client pauses were asked for and none struck: a pause strikes between a \
              read and its write"
@@ -608,9 +609,16 @@ mod tests {
             finals,
             leftovers: Leftovers::default(),
             span: (0, 30_000_000_000),
-            pauses_struck: None,
-            pause_strikes: Vec::new(),
+            pause_strikes: None,
         }
+    }
+
+    /// Client 1's acquire at `at`, refused as busy.
+    fn refused(at: u64) -> Op {
+        let mut refused = op(Kind::Acquire, Outcome::Fail, at);
+        refused.client = 1;
+        refused.error = Some("Busy".to_owned());
+        refused
     }
 
     fn a_hold() -> Vec<Op> {
@@ -626,9 +634,9 @@ mod tests {
     #[test]
     fn a_run_whose_client_pauses_never_struck_does_not_pass() {
         let asked = settings(vec![FaultKind::Pause]);
-        let run = |struck: Option<u64>| {
+        let run = |struck: Option<usize>| {
             let mut out = outcomes(a_hold(), vec![pause_applied()], vec![Some(1)]);
-            out.pauses_struck = struck;
+            out.pause_strikes = struck.map(|n| vec![(2_000_000_000, 4_000_000_000); n]);
             analyze("real", &asked, &out)
         };
         let never = run(Some(0));
@@ -715,10 +723,7 @@ mod tests {
         };
         let run = |fault: &Applied, at: u64| {
             let mut ops = a_hold();
-            let mut refused = op(Kind::Acquire, Outcome::Fail, at);
-            refused.client = 1;
-            refused.error = Some("Busy".to_owned());
-            ops.push(refused);
+            ops.push(refused(at));
             analyze(
                 "sim",
                 &settings(vec![fault.fault.kind]),
@@ -760,18 +765,12 @@ mod tests {
             healed: at,
             ..pause_applied()
         };
-        let refused_at = |at: u64| {
-            let mut refused = op(Kind::Acquire, Outcome::Fail, at);
-            refused.client = 1;
-            refused.error = Some("Busy".to_owned());
-            refused
-        };
-        let run = |faults: Vec<Applied>, refused: u64, strikes: Vec<(u64, u64)>| {
+        let run = |faults: Vec<Applied>, at: u64, strikes: Vec<(u64, u64)>| {
             let mut ops = a_hold();
-            ops.push(refused_at(refused));
+            ops.push(refused(at));
             let kinds = faults.iter().map(|f| f.fault.kind).collect();
             let mut out = outcomes(ops, faults, vec![Some(1)]);
-            out.pause_strikes = strikes;
+            out.pause_strikes = Some(strikes);
             analyze("sim", &settings(kinds), &out)
         };
         // Steps at 0.5 s and 1.5 s: a key set before them lives to 0.5 + 1 + 4 + 4 = 9.5 s;

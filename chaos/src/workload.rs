@@ -1,7 +1,6 @@
 //! The workload: clients contending for resources, each hold read-modify-writing the
 //! resource's register, every operation recorded.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -61,7 +60,7 @@ impl Stop for BlockThread {
 
 /// A client's pending pause, set by the nemesis and taken at the next read→write gap.
 #[derive(Debug, Default)]
-pub struct PauseSlot(Mutex<Option<Duration>>, AtomicU64, Mutex<Vec<(u64, u64)>>);
+pub struct PauseSlot(Mutex<Option<Duration>>, Mutex<Vec<(u64, u64)>>);
 
 impl PauseSlot {
     /// Asks for a pause of `lasts` at the next gap.
@@ -70,28 +69,20 @@ impl PauseSlot {
     }
 
     fn take(&self) -> Option<Duration> {
-        let taken = self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
-        if taken.is_some() {
-            self.1.fetch_add(1, Ordering::Relaxed);
-        }
-        taken
-    }
-
-    /// How many pauses struck (were taken at a gap between a read and its write).
-    pub fn struck(&self) -> u64 {
-        self.1.load(Ordering::Relaxed)
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
     }
 
     fn record(&self, start: u64, end: u64) {
-        self.2
+        self.1
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push((start, end));
     }
 
-    /// Start and end (the run's clock, ns) of each pause that struck and ended.
+    /// Start and end (the run's clock, ns) of each pause that struck (taken at a gap between
+    /// a read and its write) and ended.
     pub fn strikes(&self) -> Vec<(u64, u64)> {
-        self.2
+        self.1
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
@@ -103,11 +94,6 @@ impl PauseSlot {
 pub struct PauseSlots(pub Vec<Arc<PauseSlot>>);
 
 impl PauseSlots {
-    /// How many pauses struck, over every client.
-    pub fn struck(&self) -> u64 {
-        self.0.iter().map(|s| s.struck()).sum()
-    }
-
     /// Start and end of each pause that struck, over every client.
     pub fn strikes(&self) -> Vec<(u64, u64)> {
         self.0.iter().flat_map(|s| s.strikes()).collect()
