@@ -113,6 +113,9 @@ async fn acl_user_works_and_wrong_password_is_clear_and_not_echoed() {
     assert!(!logs.contains(&token), "full token in logs");
 }
 
+/// Room for a TLS handshake in a debug build on a loaded machine.
+const HANDSHAKE_ROOM: Duration = Duration::from_secs(10);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_nodes_are_reachable_with_a_custom_ca() {
     let pki = TestPki::generate().unwrap();
@@ -125,12 +128,23 @@ async fn tls_nodes_are_reachable_with_a_custom_ca() {
     let urls = cluster.tls_urls().expect("a TLS listener");
     assert!(urls.iter().all(|u| u.starts_with("rediss://")));
 
+    // The connections are opened first, with room: a debug build's TLS handshake on a busy
+    // machine took longer than a first request's connection budget (five node timeouts, 250 ms
+    // at the default). This test is about reaching the nodes, not about speed.
     let rl = Redlock::builder()
         .nodes(urls.clone())
         .tls_root_ca(pki.ca_pem().as_bytes())
         .retry(RetryPolicy::once())
+        .connect_timeout(HANDSHAKE_ROOM)
         .build()
         .unwrap();
+    let reports = rl.connect().await;
+    assert!(
+        reports
+            .iter()
+            .all(|r| matches!(r.outcome, NodeOutcome::Confirmed)),
+        "{reports:?}"
+    );
     let lock = rl.try_acquire("tls").await.expect("TLS acquire");
     // The third grant may land just after the quorum decision.
     assert!(
@@ -144,10 +158,13 @@ async fn tls_nodes_are_reachable_with_a_custom_ca() {
     assert!(no_lock_keys_within(&cluster, Duration::from_secs(2)).await);
 
     // Without our CA the handshake is refused: an error, not a silent plaintext fallback.
+    // A node timeout of a second gives the failing handshake the same room, so it is
+    // reported as refused rather than timed out.
     let untrusted = Redlock::builder()
         .nodes(urls)
         .retry(RetryPolicy::once())
-        .connect_timeout(Duration::from_secs(2))
+        .node_timeout(Duration::from_secs(1))
+        .connect_timeout(HANDSHAKE_ROOM)
         .build()
         .unwrap();
     let err = untrusted.try_acquire("tls").await.unwrap_err();
