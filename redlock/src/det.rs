@@ -79,3 +79,10 @@ pub(crate) fn simulated() -> bool {
         false
     }
 }
+
+/// Which simulated history this thread runs: a number that changes each time a seed is
+/// installed on it (`sim::seed_thread`).
+#[cfg(feature = "simulation")]
+pub(crate) fn history() -> u64 {
+    crate::sim::rng::history()
+}

@@ -55,23 +55,38 @@ static ATTEMPTS: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
 fn registry() -> &'static Mutex<Registry> {
     #[cfg(feature = "simulation")]
     if crate::det::simulated() {
-        return SIMULATED.with(|r| *r);
+        return SIMULATED.with(Simulated::current);
     }
     &ATTEMPTS
 }
 
+/// A simulated thread's registry (see [`registry`]) and the history it holds attempts of.
 #[cfg(feature = "simulation")]
-thread_local! {
-    /// A simulated thread's registry (see [`registry`]).
-    static SIMULATED: &'static Mutex<Registry> = Box::leak(Box::default());
+struct Simulated {
+    registry: &'static Mutex<Registry>,
+    history: std::cell::Cell<u64>,
 }
 
-/// Empties this thread's simulated registry: a new history starts with none of the last one's
-/// attempts, which a replay of the same seed on the same thread would otherwise meet (same
-/// tokens, same keys) and wait for, on the last history's clock.
 #[cfg(feature = "simulation")]
-pub(crate) fn forget_simulated() {
-    SIMULATED.with(|r| *lock(r) = Registry::default());
+impl Simulated {
+    /// The registry, emptied first if the thread started a new history since it was last used:
+    /// a replay of the same seed on the same thread would otherwise meet the last history's
+    /// attempts (same tokens, same keys) and wait for them, on the last history's clock.
+    fn current(&self) -> &'static Mutex<Registry> {
+        let history = crate::det::history();
+        if self.history.replace(history) != history {
+            *lock(self.registry) = Registry::default();
+        }
+        self.registry
+    }
+}
+
+#[cfg(feature = "simulation")]
+thread_local! {
+    static SIMULATED: Simulated = Simulated {
+        registry: Box::leak(Box::default()),
+        history: std::cell::Cell::new(0),
+    };
 }
 
 #[derive(Default)]

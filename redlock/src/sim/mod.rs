@@ -34,13 +34,12 @@ pub use world::Keep;
 
 /// Installs a generator seeded with `seed` for the current thread: every random value the
 /// client draws on this thread (tokens, retry jitter, renewal spread, node identities) comes
-/// from it, and lock validity follows tokio's clock alone (not the boot clock). The thread's
-/// record of attempts with a caller's token starts empty, so call it between histories, not
-/// within one (an attempt it forgot would not be waited for). Called by [`SimCluster::new`];
-/// call it again to restart the sequence.
+/// from it, and lock validity follows tokio's clock alone (not the boot clock). It starts a
+/// new history: the thread's record of attempts with a caller's token starts empty, so call it
+/// between histories, not within one (an attempt it forgot would not be waited for). Called by
+/// [`SimCluster::new`]; call it again to restart the sequence.
 pub fn seed_thread(seed: u64) {
     rng::install(seed);
-    crate::reclaim::forget_simulated();
 }
 
 /// Removes the current thread's generator: the client draws from the operating system again.

@@ -1,17 +1,25 @@
 //! The seeded generator a simulation thread draws every random value of the client from.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
 thread_local! {
     static RNG: RefCell<Option<SmallRng>> = const { RefCell::new(None) };
+    /// How many generators this thread has had installed: each one starts a history.
+    static HISTORY: Cell<u64> = const { Cell::new(0) };
 }
 
-/// Installs a generator seeded with `seed` for this thread.
+/// Installs a generator seeded with `seed` for this thread, starting a new history.
 pub(crate) fn install(seed: u64) {
     RNG.with(|r| *r.borrow_mut() = Some(SmallRng::seed_from_u64(seed)));
+    HISTORY.with(|h| h.set(h.get() + 1));
+}
+
+/// Which history this thread runs: a number that changes with every [`install`].
+pub(crate) fn history() -> u64 {
+    HISTORY.with(Cell::get)
 }
 
 /// Removes this thread's generator.
