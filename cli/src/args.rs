@@ -51,6 +51,10 @@ pub(crate) struct Global {
     /// Per-node bound on one request. Default: the config file's, else 50ms.
     #[arg(long, global = true, value_name = "DURATION", value_parser = duration)]
     pub(crate) node_timeout: Option<Duration>,
+    /// Bound on opening a connection to one node (TCP, TLS, AUTH). Default: the config file's,
+    /// else 1s.
+    #[arg(long, global = true, value_name = "DURATION", value_parser = duration)]
+    pub(crate) connect_timeout: Option<Duration>,
     /// Keep a restarted (or new) node out of every quorum for this long after it starts; set
     /// it to at least the longest TTL any client uses. Default: the config file's, else off.
     #[arg(long, global = true, value_name = "DURATION", value_parser = duration)]

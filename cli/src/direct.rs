@@ -8,9 +8,6 @@ use redis::{AsyncConnectionConfig, Client};
 
 use crate::settings::{Settings, node_name, scrub, secrets};
 
-/// Bound on opening a connection (TCP, TLS, AUTH).
-pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-
 /// One node, reachable or not.
 pub(crate) struct Node {
     /// `host:port` or the socket path; never a password.
@@ -19,6 +16,8 @@ pub(crate) struct Node {
     secrets: Vec<String>,
     /// Bound on each request.
     pub(crate) timeout: Duration,
+    /// Bound on opening a connection (TCP, TLS, AUTH): the settings' connect timeout.
+    connect_timeout: Duration,
 }
 
 impl std::fmt::Debug for Node {
@@ -68,38 +67,39 @@ impl Node {
                     client,
                     secrets,
                     timeout,
+                    connect_timeout: settings.connect_timeout(),
                 }
             })
             .collect()
     }
 
-    /// Opens a connection, bounded by [`CONNECT_TIMEOUT`]; every request on it is bounded by
+    /// Opens a connection, bounded by the connect timeout; every request on it is bounded by
     /// the node's timeout.
     pub(crate) async fn connect(&self) -> Result<MultiplexedConnection, String> {
         let client = self.client.as_ref().map_err(Clone::clone)?;
         let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.timeout));
         match tokio::time::timeout(
-            CONNECT_TIMEOUT + self.timeout,
+            self.connect_timeout + self.timeout,
             client.get_multiplexed_async_connection_with_config(&config),
         )
         .await
         {
             Ok(Ok(conn)) => Ok(conn),
             Ok(Err(e)) => Err(self.error(&e)),
-            Err(_) => Err(format!("no connection within {CONNECT_TIMEOUT:?}")),
+            Err(_) => Err(format!("no connection within {:?}", self.connect_timeout)),
         }
     }
 
-    /// A subscription connection, bounded by [`CONNECT_TIMEOUT`].
+    /// A subscription connection, bounded by the connect timeout.
     pub(crate) async fn pubsub(&self) -> Result<redis::aio::PubSub, String> {
         let client = self.client.as_ref().map_err(Clone::clone)?;
-        match tokio::time::timeout(CONNECT_TIMEOUT + self.timeout, client.get_async_pubsub()).await
-        {
+        let bound = self.connect_timeout + self.timeout;
+        match tokio::time::timeout(bound, client.get_async_pubsub()).await {
             Ok(Ok(p)) => Ok(p),
             Ok(Err(e)) => Err(self.error(&e)),
-            Err(_) => Err(format!("no connection within {CONNECT_TIMEOUT:?}")),
+            Err(_) => Err(format!("no connection within {:?}", self.connect_timeout)),
         }
     }
 

@@ -45,6 +45,7 @@ struct FileConfig {
     nodes: Option<Vec<String>>,
     key_prefix: Option<String>,
     node_timeout: Option<String>,
+    connect_timeout: Option<String>,
     restart_quarantine: Option<String>,
     tls_ca: Option<PathBuf>,
 }
@@ -56,6 +57,7 @@ pub(crate) struct Settings {
     pub(crate) nodes_source: Source,
     pub(crate) key_prefix: Option<(String, Source)>,
     pub(crate) node_timeout: Option<(Duration, Source)>,
+    pub(crate) connect_timeout: Option<(Duration, Source)>,
     pub(crate) restart_quarantine: Option<(Duration, Source)>,
     pub(crate) tls_ca: Option<Vec<u8>>,
 }
@@ -67,6 +69,7 @@ impl fmt::Debug for Settings {
             .field("nodes_source", &self.nodes_source)
             .field("key_prefix", &self.key_prefix)
             .field("node_timeout", &self.node_timeout)
+            .field("connect_timeout", &self.connect_timeout)
             .field("restart_quarantine", &self.restart_quarantine)
             .finish_non_exhaustive()
     }
@@ -110,11 +113,20 @@ impl Settings {
             .map(|u| with_password(u, password.as_deref()))
             .collect();
         let file_cfg = file.as_ref().map(|(_, f)| f);
-        let from_file = |field: &Option<String>, name: &str| -> Result<Option<Duration>, Failure> {
-            field
-                .as_deref()
-                .map(|v| {
-                    duration(v).map_err(|e| Failure::config(format!("config file: {name}: {e}")))
+        // A duration given by its flag, else by the config file's `name`, else none.
+        type Given = Option<(Duration, Source)>;
+        let flag_or_file = |flag: Option<Duration>,
+                            field: fn(&FileConfig) -> &Option<String>,
+                            name: &str|
+         -> Result<Given, Failure> {
+            if let Some(t) = flag {
+                return Ok(Some((t, Source::CommandLine)));
+            }
+            file_cfg
+                .and_then(|f| field(f).as_deref())
+                .map(|v| match duration(v) {
+                    Ok(t) => Ok((t, Source::File)),
+                    Err(e) => Err(Failure::config(format!("config file: {name}: {e}"))),
                 })
                 .transpose()
         };
@@ -126,22 +138,17 @@ impl Settings {
             (None, Some(p)) => Some((p, Source::File)),
             (None, None) => None,
         };
-        let node_timeout = match global.node_timeout {
-            Some(t) => Some((t, Source::CommandLine)),
-            None => from_file(
-                &file_cfg.and_then(|f| f.node_timeout.clone()),
-                "node_timeout",
-            )?
-            .map(|t| (t, Source::File)),
-        };
-        let restart_quarantine = match global.restart_quarantine {
-            Some(t) => Some((t, Source::CommandLine)),
-            None => from_file(
-                &file_cfg.and_then(|f| f.restart_quarantine.clone()),
-                "restart_quarantine",
-            )?
-            .map(|t| (t, Source::File)),
-        };
+        let node_timeout = flag_or_file(global.node_timeout, |f| &f.node_timeout, "node_timeout")?;
+        let connect_timeout = flag_or_file(
+            global.connect_timeout,
+            |f| &f.connect_timeout,
+            "connect_timeout",
+        )?;
+        let restart_quarantine = flag_or_file(
+            global.restart_quarantine,
+            |f| &f.restart_quarantine,
+            "restart_quarantine",
+        )?;
         let tls_ca = match (&global.tls_ca, file_cfg.and_then(|f| f.tls_ca.clone())) {
             (Some(p), _) => Some(read_ca(p, Source::CommandLine)?),
             (None, Some(p)) => Some(read_ca(&p, Source::File)?),
@@ -152,6 +159,7 @@ impl Settings {
             nodes_source,
             key_prefix,
             node_timeout,
+            connect_timeout,
             restart_quarantine,
             tls_ca,
         })
@@ -175,6 +183,12 @@ impl Settings {
             .map_or(redlock::DEFAULT_NODE_TIMEOUT, |(t, _)| t)
     }
 
+    /// The connection-opening bound in force.
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+            .map_or(redlock::DEFAULT_CONNECT_TIMEOUT, |(t, _)| t)
+    }
+
     /// A client builder with the nodes and every setting applied.
     pub(crate) fn builder(&self) -> RedlockBuilder {
         let mut b = Redlock::builder().nodes(self.urls.iter().cloned());
@@ -183,6 +197,9 @@ impl Settings {
         }
         if let Some((t, _)) = self.node_timeout {
             b = b.node_timeout(t);
+        }
+        if let Some((t, _)) = self.connect_timeout {
+            b = b.connect_timeout(t);
         }
         if let Some((q, _)) = self.restart_quarantine {
             b = b.restart_quarantine(q);
@@ -225,6 +242,9 @@ impl Settings {
                     .map_or(Source::CommandLine, |(_, s)| *s),
                 ConfigError::InvalidNodeTimeout { .. } => {
                     self.node_timeout.map_or(Source::CommandLine, |(_, s)| s)
+                }
+                ConfigError::InvalidConnectTimeout(_) => {
+                    self.connect_timeout.map_or(Source::CommandLine, |(_, s)| s)
                 }
                 ConfigError::InvalidLease(_) => self
                     .restart_quarantine

@@ -108,6 +108,46 @@ async fn a_bad_config_file_is_a_config_error() {
     assert_eq!(out.code, Some(78), "{out:?}");
 }
 
+/// A connect timeout of zero would time every connection out at once: refused before anything
+/// is sent, with the exit code of where it was set.
+#[tokio::test]
+async fn a_zero_connect_timeout_is_refused_where_it_was_set() {
+    for command in [
+        &["run", "r", "--", "true"][..],
+        &["status", "r"],
+        &["doctor"],
+    ] {
+        let mut args = vec!["--nodes", NODES, "--connect-timeout", "0s"];
+        args.extend(command);
+        let out = output(redlock(&args)).await;
+        assert_eq!(out.code, Some(64), "{command:?}: {out:?}");
+        assert_clean_failure(&out);
+        assert!(out.stderr.contains("connect timeout"), "{}", out.stderr);
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.toml");
+    std::fs::write(
+        &path,
+        "nodes = [\"redis://127.0.0.1:1\"]\nconnect_timeout = \"0s\"\n",
+    )
+    .unwrap();
+    let out = output(redlock(["--config", path.to_str().unwrap(), "status", "r"])).await;
+    assert_eq!(out.code, Some(78), "{out:?}");
+    assert!(out.stderr.contains("connect timeout"), "{}", out.stderr);
+    // The flag wins over the file.
+    let out = output(redlock([
+        "--config",
+        path.to_str().unwrap(),
+        "--connect-timeout",
+        "1s",
+        "status",
+        "r",
+    ]))
+    .await;
+    assert_ne!(out.code, Some(78), "{out:?}");
+}
+
 #[tokio::test]
 async fn help_exits_0_and_shows_no_password_from_the_environment() {
     let mut cmd = redlock(["run", "--help"]);

@@ -6,10 +6,19 @@ mod common;
 use common::{output, redlock};
 use redlock_testkit::{Cluster, TestPki};
 
-/// Per-node timeout for the calls that should get through. A debug build's TLS handshake took
-/// longer than the default connection budget (five 50 ms node timeouts) while other test
-/// binaries ran beside this one; this test is about reaching the nodes, not about speed.
-const HANDSHAKE_ROOM: &str = "400ms";
+/// `redlock` with the TLS nodes, the CA and room for the handshake, then `args`. A debug
+/// build's TLS handshake took longer than the default connection budget (five 50 ms node
+/// timeouts, at most the 1 s connect timeout) while other test binaries ran beside this one;
+/// this test is about reaching the nodes, not about speed.
+fn with_ca(urls: &str, ca: &str, args: &[&str]) -> tokio::process::Command {
+    let room = ["--node-timeout", "2s", "--connect-timeout", "10s"];
+    redlock(
+        ["--nodes", urls, "--tls-ca", ca]
+            .iter()
+            .chain(&room)
+            .chain(args),
+    )
+}
 
 #[tokio::test]
 async fn run_status_and_doctor_reach_tls_nodes_with_a_custom_ca() {
@@ -25,36 +34,15 @@ async fn run_status_and_doctor_reach_tls_nodes_with_a_custom_ca() {
     let ca = ca.to_str().unwrap();
 
     // `run` with --keep leaves the lock for `status` to find.
-    let out = output(redlock([
-        "--nodes",
+    let out = output(with_ca(
         &urls,
-        "--tls-ca",
         ca,
-        "--node-timeout",
-        HANDSHAKE_ROOM,
-        "run",
-        "--keep",
-        "--ttl",
-        "20s",
-        "tls:job",
-        "--",
-        "true",
-    ]))
+        &["run", "--keep", "--ttl", "20s", "tls:job", "--", "true"],
+    ))
     .await;
     assert_eq!(out.code, Some(0), "{out:?}");
 
-    let out = output(redlock([
-        "--nodes",
-        &urls,
-        "--tls-ca",
-        ca,
-        "--node-timeout",
-        HANDSHAKE_ROOM,
-        "status",
-        "tls:job",
-        "--json",
-    ]))
-    .await;
+    let out = output(with_ca(&urls, ca, &["status", "tls:job", "--json"])).await;
     assert_eq!(out.code, Some(0), "{out:?}");
     let json: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON");
     assert_eq!(json["reachable"], 3, "{json:#}");
@@ -64,34 +52,16 @@ async fn run_status_and_doctor_reach_tls_nodes_with_a_custom_ca() {
     // read only a lower-case `rediss://` as TLS with the CA, so it tried the system's roots
     // and found no node (found in review).
     let upper = urls.replace("rediss://", "REDISS://");
-    let out = output(redlock([
-        "--nodes",
-        &upper,
-        "--tls-ca",
-        ca,
-        "--node-timeout",
-        HANDSHAKE_ROOM,
-        "status",
-        "tls:job",
-        "--json",
-    ]))
-    .await;
+    let out = output(with_ca(&upper, ca, &["status", "tls:job", "--json"])).await;
     assert_eq!(out.code, Some(0), "REDISS://: {out:?}");
     let json: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON");
     assert_eq!(json["reachable"], 3, "REDISS://: {json:#}");
 
-    let out = output(redlock([
-        "--nodes",
+    let out = output(with_ca(
         &urls,
-        "--tls-ca",
         ca,
-        "--node-timeout",
-        HANDSHAKE_ROOM,
-        "doctor",
-        "--json",
-        "--clock-sample",
-        "100ms",
-    ]))
+        &["doctor", "--json", "--clock-sample", "100ms"],
+    ))
     .await;
     let report: serde_json::Value =
         serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
