@@ -489,7 +489,8 @@ async fn a_client_of_other_nodes_cannot_guard_extend_or_release_a_lock() {
 /// A fresh process (no connection open yet) facing a majority of hung nodes — they accept
 /// connections but never answer — gets its answer within a short, documented bound: the node
 /// timeout plus at most four more while a connection is being opened (250 ms by default), not
-/// the connect timeout (1 s).
+/// the connect timeout (5 s here, so that waiting for it cannot pass for room a busy machine
+/// needs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_client_facing_a_hung_majority_answers_within_the_documented_bound() {
     let cluster = Cluster::start(3).await.unwrap();
@@ -499,6 +500,7 @@ async fn a_fresh_client_facing_a_hung_majority_answers_within_the_documented_bou
     let rl = Redlock::builder()
         .nodes(cluster.urls())
         .retry(RetryPolicy::once())
+        .connect_timeout(Duration::from_secs(5))
         .build()
         .unwrap();
     let started = Instant::now();
@@ -513,7 +515,7 @@ async fn a_fresh_client_facing_a_hung_majority_answers_within_the_documented_bou
     );
     let bound = redlock::DEFAULT_NODE_TIMEOUT * 5;
     assert!(
-        took < bound + Duration::from_millis(150),
+        took < bound + Duration::from_secs(1),
         "took {took:?}; documented bound {bound:?}"
     );
 }

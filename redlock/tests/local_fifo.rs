@@ -443,6 +443,8 @@ async fn a_waiter_waits_for_the_release_to_reach_the_node_it_asks_first() {
 async fn a_waiter_does_not_attempt_while_its_own_client_holds_the_lock() {
     let cluster = Cluster::start(3).await.unwrap();
     let rl = slow_retry_client(&cluster);
+    // Open connections first: a first attempt that timed out opening them would be counted.
+    rl.connect().await;
     let hold = Duration::from_millis(200);
     let attempts = common::attempts_during(async {
         // Round 1: A holds; B waits for it (refused, subscribes, refused again) and is handed

@@ -131,8 +131,10 @@ async fn majority_paused_fails_fast_and_leaves_no_key_after_resume() {
         cluster.node(i).resume();
     }
     assert!(err.is_quorum_unreachable(), "{err}");
+    // The nodes that hang cost their node timeout, not the client's 5 s TTL or a connect
+    // timeout (1 s); the rest is room for a busy machine.
     assert!(
-        took < NODE_TIMEOUT + Duration::from_millis(150),
+        took < NODE_TIMEOUT + Duration::from_millis(600),
         "took {took:?}, per-node timeout {NODE_TIMEOUT:?}"
     );
     // Each timed-out node names the budget that ran out (warm connections: the node
@@ -176,6 +178,8 @@ async fn majority_paused_fails_fast_and_leaves_no_key_after_resume() {
 async fn releasing_an_expired_lock_is_not_an_error() {
     let cluster = Cluster::start(3).await.unwrap();
     let rl = client(cluster.urls(), Duration::from_millis(100));
+    // Connections first: opening three inside a 100 ms TTL on a busy machine can use it up.
+    warm(&rl).await;
     let lock = rl.try_acquire("short").await.unwrap();
     tokio::time::sleep(Duration::from_millis(250)).await;
     assert!(!lock.is_valid());

@@ -283,14 +283,15 @@ async fn counters_and_histograms_are_recorded() {
 /// Healthy nodes under load with short holds: a lock released while its acquire still waits
 /// in a node's outbox has that acquire withdrawn unsent (the node is spared the release too).
 /// That is not a fault of the node, and must not be counted as one: it was, as a node error
-/// of the acquire phase ("withdrawn unsent ..."), in 9 of 11 runs in review.
+/// of the acquire phase ("withdrawn unsent ..."), in 9 of 11 runs in review. The node timeout
+/// is long so that a busy machine's stall is not a node error either.
 #[tokio::test(flavor = "current_thread")]
 async fn a_withdrawn_request_is_not_a_node_error() {
     let cluster = Cluster::start(3).await.unwrap();
     let rl = Redlock::builder()
         .nodes(cluster.urls())
         .ttl(Duration::from_secs(10))
-        .node_timeout(Duration::from_millis(200))
+        .node_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
     let warm = rl.try_acquire("warm").await.unwrap();
@@ -306,8 +307,9 @@ async fn a_withdrawn_request_is_not_a_node_error() {
             let done = futures_util::future::join_all(cycles).await;
             failed.set(failed.get() + done.iter().filter(|r| r.is_err()).count());
         }
-        // The phases' drivers record their last answers in the background.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // The phases' drivers record their last answers in the background, each within its
+        // node timeout.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
     })
     .await;
     println!(
