@@ -85,38 +85,53 @@ async fn race_after_a_release(
 /// that node then refused it until its retry delay ran out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_node_held_by_a_racer_for_a_moment_is_not_passed_over() {
-    let cluster = Cluster::start(5).await.expect("cluster");
-    let rank = ranking(&cluster).await;
+    // The scene must be set within a refusal's pass-over (1 s) to say anything; a busy machine
+    // may take longer, and then it is set again on fresh nodes (at most three times).
+    let mut setups = Vec::new();
+    for _ in 0..3 {
+        let cluster = Cluster::start(5).await.expect("cluster");
+        let (first, setup, took) = racer_then_a_stale_second_node(&cluster).await;
+        if setup >= Duration::from_millis(900) {
+            setups.push(setup);
+            continue;
+        }
+        assert!(
+            took < RETRY_DELAY / 2,
+            "the racing attempt went through another node than the first ({first}) and waited \
+             out the retry delay: {took:?}"
+        );
+        return;
+    }
+    panic!(
+        "the setup took longer than a refusal's pass-over lasts each time ({setups:?}): inconclusive"
+    );
+}
+
+/// The scene of [`a_first_node_held_by_a_racer_for_a_moment_is_not_passed_over`]: returns the
+/// first node, how long the setup took and how long the racing acquire took after the release.
+async fn racer_then_a_stale_second_node(cluster: &Cluster) -> (usize, Duration, Duration) {
+    let rank = ranking(cluster).await;
     let (first, second) = (rank[0], rank[1]);
-    let rl = client(&cluster);
+    let rl = client(cluster);
     let warm = rl.acquire("warm-up").await.expect("warm-up");
     rl.release(warm).await.expect("warm-up");
 
     let started = Instant::now();
-    common::set(&cluster, first, KEY, "a racer's token").await;
+    common::set(cluster, first, KEY, "a racer's token").await;
     let lock = rl
         .acquire(RESOURCE)
         .await
         .expect("four of five nodes grant");
     // The racer, refused by the other nodes, deletes its grant. The lock is held for a moment
     // (the first node's refusal is looked at again when it is released).
-    common::del(&cluster, first, KEY).await;
+    common::del(cluster, first, KEY).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     rl.release(lock).await.expect("released");
 
     // The next holder's release misses the second node, which keeps a stale key.
     let holders: Vec<usize> = rank[1..4].to_vec();
-    let took = race_after_a_release(&cluster, &rl, &holders, Some(second)).await;
-    assert!(
-        started.elapsed() < Duration::from_millis(900) + took,
-        "the setup took longer than a refusal's pass-over lasts ({:?}): inconclusive",
-        started.elapsed() - took
-    );
-    assert!(
-        took < RETRY_DELAY / 2,
-        "the racing attempt went through another node than the first ({first}) and waited \
-         out the retry delay: {took:?}"
-    );
+    let took = race_after_a_release(cluster, &rl, &holders, Some(second)).await;
+    (first, started.elapsed() - took, took)
 }
 
 /// A first node holding a stale key (a release missed it) refuses while a quorum of the other
@@ -141,8 +156,15 @@ async fn a_first_node_holding_a_stale_key_is_passed_over() {
     // refusal may come in later; it is looked at again when the lock is released.
     tokio::time::sleep(Duration::from_millis(50)).await;
     rl.release(lock).await.expect("released");
-    // Time for the client to make sure the key stays.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The client makes sure the key stays (two reads two node timeouts apart), then passes the
+    // node over. A fixed 500 ms for this was too short beside eight busy loops (seen once).
+    assert!(
+        common::eventually(Duration::from_secs(5), || async {
+            rl.first_node(RESOURCE) != Some(first)
+        })
+        .await,
+        "the first node ({first}) holding a stale key was not passed over"
+    );
 
     let holders: Vec<usize> = rank[2..5].to_vec();
     let took = race_after_a_release(&cluster, &rl, &holders, None).await;
