@@ -621,3 +621,54 @@ fn wait_released_follows_release_expiry_and_timeout() {
         guard.release().await.expect("released");
     });
 }
+
+/// A seed replayed on the thread that ran it before is the same history as on a fresh thread,
+/// even when the first run ended with an attempt under a caller's token still out: that
+/// attempt belongs to a runtime that is gone, and the replay (same token, same key) must not
+/// wait for it. The library keeps a simulated thread's record of such attempts per history.
+#[test]
+fn a_replay_does_not_wait_for_an_attempt_the_last_history_left_out() {
+    const SEED: u64 = 77;
+    // An acquire with a caller's token on healthy nodes: the token and how long it took.
+    let replay = || {
+        runtime().block_on(async {
+            let cluster = SimCluster::new(3, SEED);
+            let rl = client(&cluster, Duration::from_secs(2));
+            let token = redlock::Token::random().expect("a token");
+            let started = Instant::now();
+            let lock = rl
+                .try_acquire_with_token(["job"], &token)
+                .await
+                .expect("free");
+            let took = started.elapsed();
+            rl.release(lock).await.expect("released");
+            (token.expose().to_owned(), took)
+        })
+    };
+    let alone = std::thread::spawn(replay).join().expect("a fresh thread");
+    // The same seed on this thread, left with the attempt out: no node answers, and the
+    // runtime ends 1 ms into it.
+    let left_out = runtime().block_on(async {
+        let cluster = SimCluster::new(3, SEED);
+        let rl = client(&cluster, Duration::from_secs(2));
+        let token = redlock::Token::random().expect("a token");
+        for i in 0..3 {
+            cluster.pause(i);
+        }
+        let attempt = rl.try_acquire_with_token(["job"], &token);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(1), attempt)
+                .await
+                .is_err(),
+            "the attempt was still out"
+        );
+        token.expose().to_owned()
+    });
+    assert_eq!(left_out, alone.0, "the seed gave another token");
+    let after = replay();
+    assert_eq!(
+        after, alone,
+        "the replay after a history that left an attempt out differed from the same seed on a \
+         fresh thread (token, time taken)"
+    );
+}
