@@ -81,7 +81,7 @@ impl Node {
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.timeout));
         match tokio::time::timeout(
-            self.connect_timeout + self.timeout,
+            self.connect_timeout.saturating_add(self.timeout),
             client.get_multiplexed_async_connection_with_config(&config),
         )
         .await
@@ -95,7 +95,7 @@ impl Node {
     /// A subscription connection, bounded by the connect timeout.
     pub(crate) async fn pubsub(&self) -> Result<redis::aio::PubSub, String> {
         let client = self.client.as_ref().map_err(Clone::clone)?;
-        let bound = self.connect_timeout + self.timeout;
+        let bound = self.connect_timeout.saturating_add(self.timeout);
         match tokio::time::timeout(bound, client.get_async_pubsub()).await {
             Ok(Ok(p)) => Ok(p),
             Ok(Err(e)) => Err(self.error(&e)),

@@ -145,7 +145,40 @@ async fn a_zero_connect_timeout_is_refused_where_it_was_set() {
         "r",
     ]))
     .await;
-    assert_ne!(out.code, Some(78), "{out:?}");
+    assert_eq!(out.code, Some(69), "the nodes are unreachable: {out:?}");
+}
+
+/// The longest durations the flags parse are not a crash: `status` and `doctor` added the
+/// connect timeout to the node timeout and panicked on the overflow (found in review).
+#[tokio::test]
+async fn the_longest_connect_timeout_is_not_a_crash() {
+    let longest = format!("{}s", u64::MAX);
+    // `status` cannot tell (69); `doctor` reports errors (1).
+    for (command, code) in [
+        (&["status", "r"][..], 69),
+        (&["doctor", "--clock-sample", "100ms"], 1),
+    ] {
+        let mut args = vec![
+            "--nodes",
+            NODES,
+            "--node-timeout",
+            "1s",
+            "--connect-timeout",
+            &longest,
+        ];
+        args.extend(command);
+        let out = output(redlock(&args)).await;
+        assert!(
+            !out.stderr.contains("panicked"),
+            "{command:?}: {}",
+            out.stderr
+        );
+        assert_eq!(
+            out.code,
+            Some(code),
+            "{command:?}: unreachable nodes, not a crash: {out:?}"
+        );
+    }
 }
 
 #[tokio::test]
