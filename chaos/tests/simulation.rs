@@ -623,9 +623,10 @@ fn wait_released_follows_release_expiry_and_timeout() {
 }
 
 /// A seed replayed on the thread that ran it before is the same history as on a fresh thread,
-/// even when the first run ended with an attempt under a caller's token still out: that
-/// attempt belongs to a runtime that is gone, and the replay (same token, same key) must not
-/// wait for it. The library keeps a simulated thread's record of such attempts per history.
+/// even when a history of the same seed on this thread left an attempt under the same caller's
+/// token unsettled (its runtime still exists, its nodes never answered): that attempt is none
+/// of the replay's business, and the replay must not wait for it on its own clock. The library
+/// keeps a simulated thread's record of such attempts per history.
 #[test]
 fn a_replay_does_not_wait_for_an_attempt_the_last_history_left_out() {
     const SEED: u64 = 77;
@@ -646,26 +647,28 @@ fn a_replay_does_not_wait_for_an_attempt_the_last_history_left_out() {
         })
     };
     let alone = std::thread::spawn(replay).join().expect("a fresh thread");
-    // The same seed on this thread, left with the attempt out: no node answers, and the
-    // runtime ends 1 ms into it.
-    let left_out = runtime().block_on(async {
+    // The same seed on this thread: no node answers, and the runtime stops being driven 1 ms
+    // into the attempt. It is kept (not dropped) until the replay is done, so the attempt
+    // stays out.
+    let left = runtime();
+    let left_out = left.block_on(async {
         let cluster = SimCluster::new(3, SEED);
         let rl = client(&cluster, Duration::from_secs(2));
         let token = redlock::Token::random().expect("a token");
         for i in 0..3 {
             cluster.pause(i);
         }
-        let attempt = rl.try_acquire_with_token(["job"], &token);
-        assert!(
-            tokio::time::timeout(Duration::from_millis(1), attempt)
-                .await
-                .is_err(),
-            "the attempt was still out"
-        );
+        let attempt = {
+            let token = token.clone();
+            tokio::spawn(async move { rl.try_acquire_with_token(["job"], &token).await })
+        };
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(!attempt.is_finished(), "the attempt was still out");
         token.expose().to_owned()
     });
     assert_eq!(left_out, alone.0, "the seed gave another token");
     let after = replay();
+    drop(left);
     assert_eq!(
         after, alone,
         "the replay after a history that left an attempt out differed from the same seed on a \
