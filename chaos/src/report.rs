@@ -243,10 +243,10 @@ pub(crate) fn recovery_allowance(settings: &Settings, fault: &Fault) -> std::tim
 ///   steps add up: a key set before several outlives it by their sum. So a step's interval
 ///   reaches a second past the latest such key could live (per node: the later of the last
 ///   step's reach and the step's own time plus a TTL, plus the step).
-/// * A node's restart quarantine reads the age of its identity record on the node's clock, so
-///   after steps back a reconnect (any fault that breaks connections) may quarantine a node
-///   that never restarted: once a step back was made, every fault's interval is a quarantine
-///   longer.
+/// * A node's restart quarantine reads the server's uptime and its identity record's age on
+///   the node's clock, so after a step back a reconnect (a fault on that node that breaks
+///   connections) may quarantine a node that never restarted: once a node's clock went back,
+///   every fault on it is a quarantine longer.
 /// * A client pause that struck (at a read→write gap, maybe well after the nemesis asked for
 ///   it) is left out from its start to its end plus the patience: a simulated pause stops the
 ///   holding task, not its renewals, and the holder resumes a hold it still has.
@@ -256,7 +256,6 @@ fn progress_excused(settings: &Settings, out: &Outcomes) -> Vec<(u64, u64)> {
     let quarantine = nanos(settings.quarantine_time().unwrap_or_default());
     let patience = nanos(patience(settings));
     let mut outlived: BTreeMap<usize, u64> = BTreeMap::new();
-    let mut stepped_back = false;
     let mut excused: Vec<(u64, u64)> = out
         .faults
         .iter()
@@ -264,7 +263,6 @@ fn progress_excused(settings: &Settings, out: &Outcomes) -> Vec<(u64, u64)> {
             let healed = f.healed.max(f.injected);
             let mut end = healed.saturating_add(nanos(recovery_allowance(settings, &f.fault)));
             if f.fault.kind == FaultKind::ClockBack {
-                stepped_back = true;
                 for &n in &f.fault.nodes {
                     let reach = outlived.entry(n).or_default();
                     *reach = (*reach)
@@ -273,7 +271,7 @@ fn progress_excused(settings: &Settings, out: &Outcomes) -> Vec<(u64, u64)> {
                     end = end.max(reach.saturating_add(second));
                 }
             }
-            if stepped_back {
+            if f.fault.nodes.iter().any(|n| outlived.contains_key(n)) {
                 end = end.saturating_add(quarantine);
             }
             (f.injected, end)
@@ -785,6 +783,50 @@ mod tests {
         assert!(!late(Vec::new()).passed());
         let struck = late(vec![(10_000_000_000, 12_000_000_000)]);
         assert!(struck.passed(), "{:?}", struck.failures);
+    }
+
+    /// After a step back only a fault on a node whose clock went back may quarantine it on a
+    /// reconnect: a later fault on another node is excused for its own recovery alone (every
+    /// fault after any step back was a quarantine longer, on any node).
+    #[test]
+    fn a_step_back_lengthens_only_the_faults_on_its_nodes() {
+        let fault = |kind, nodes: Vec<usize>, at: u64| Applied {
+            fault: Fault {
+                kind,
+                nodes,
+                client: None,
+                amount: Duration::from_secs(4),
+                lasts: Duration::ZERO,
+                ..pause_applied().fault
+            },
+            injected: at,
+            healed: at,
+            ..pause_applied()
+        };
+        let run = |later_on: usize| {
+            let faults = vec![
+                fault(FaultKind::ClockBack, vec![0], 500_000_000),
+                fault(FaultKind::Delay, vec![later_on], 20_000_000_000),
+            ];
+            let mut ops = a_hold();
+            ops.push(refused(23_000_000_000));
+            let kinds = faults.iter().map(|f| f.fault.kind).collect();
+            analyze(
+                "sim",
+                &settings(kinds),
+                &outcomes(ops, faults, vec![Some(1)]),
+            )
+        };
+        // A delay on node 0 at 20 s: its TTL and a second (to 22 s), and the quarantine (2 s).
+        let same = run(0);
+        assert!(same.passed(), "{:?}", same.failures);
+        // On node 2: to 22 s only, and the refusal at 23 s is a stall.
+        let other = run(2);
+        assert!(
+            other.failures.iter().any(|f| f.contains("progress")),
+            "{:?}",
+            other.failures
+        );
     }
 
     /// A clock step beyond the drift allowance at 2 s excuses two holders within its reach
