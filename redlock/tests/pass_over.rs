@@ -188,6 +188,23 @@ async fn a_first_node_holding_a_stale_key_is_passed_over() {
 /// while still valid: no other holder's key can be there then.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_release_does_not_pass_over_a_first_node_held_by_the_next_holder() {
+    // A node that answers slowly on a busy machine counts as far, which moves the first node
+    // too (seen once beside eight busy loops); the scene is set again on fresh nodes, at most
+    // three times. A pass-over for the next holder's key moves it every time.
+    let mut moved = Vec::new();
+    for _ in 0..3 {
+        let (first, after) = late_release_after_a_racer().await;
+        if after == Some(first) {
+            return;
+        }
+        moved.push((first, after));
+    }
+    panic!("the first node was passed over for the next holder's key: (before, after) {moved:?}");
+}
+
+/// The scene of [`a_late_release_does_not_pass_over_a_first_node_held_by_the_next_holder`]:
+/// returns the first node before and after.
+async fn late_release_after_a_racer() -> (usize, Option<usize>) {
     let cluster = Cluster::start(3).await.expect("cluster");
     let a = Redlock::builder()
         .nodes(cluster.urls())
@@ -216,10 +233,7 @@ async fn a_late_release_does_not_pass_over_a_first_node_held_by_the_next_holder(
     let next = b.acquire(RESOURCE).await.expect("the next holder");
     a.release(lock).await.ok();
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(
-        a.first_node(RESOURCE),
-        Some(first),
-        "the first node was passed over for the next holder's key"
-    );
+    let after = a.first_node(RESOURCE);
     b.release(next).await.ok();
+    (first, after)
 }
