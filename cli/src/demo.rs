@@ -9,7 +9,7 @@ use redlock_testkit::Cluster;
 use redlock_testkit::redis::AsyncCommands;
 
 use crate::exit::{self, Failure};
-use crate::settings::NODES_ENV;
+use crate::settings::{CONFIG_ENV, NODES_ENV, PASSWORD_ENV};
 
 fn failed(e: impl std::fmt::Display) -> Failure {
     Failure::new(exit::SOFTWARE, format!("demo: {e}"))
@@ -59,7 +59,7 @@ pub(crate) async fn run() -> Result<u8, Failure> {
 
     outln!("\n== 3. a second owner is refused while the first holds it (exit 75), or waits");
     let exe = std::env::current_exe().map_err(failed)?;
-    let mut first = tokio::process::Command::new(&exe)
+    let mut first = child(&exe)
         .args(with_nodes(&["run", "orders:42", "--", "sleep", "1.5"]))
         .spawn()
         .map_err(failed)?;
@@ -109,10 +109,7 @@ pub(crate) async fn run() -> Result<u8, Failure> {
         let exe = exe.clone();
         workers.push(tokio::spawn(async move {
             for _ in 0..3 {
-                let status = tokio::process::Command::new(&exe)
-                    .args(&args)
-                    .status()
-                    .await;
+                let status = child(&exe).args(&args).status().await;
                 if !status.is_ok_and(|s| s.success()) {
                     return false;
                 }
@@ -238,11 +235,7 @@ async fn redlock(args: &[&str]) -> Result<(i32, Duration), Failure> {
     let exe = std::env::current_exe().map_err(failed)?;
     outln!("   $ redlock {}", shown.join(" "));
     let started = Instant::now();
-    let out = tokio::process::Command::new(exe)
-        .args(args)
-        .output()
-        .await
-        .map_err(failed)?;
+    let out = child(&exe).args(args).output().await.map_err(failed)?;
     let took = started.elapsed();
     for line in String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -253,6 +246,18 @@ async fn redlock(args: &[&str]) -> Result<(i32, Duration), Failure> {
     let code = out.status.code().unwrap_or(-1);
     outln!("     -> exit {code} after {took:.0?}");
     Ok((code, took))
+}
+
+/// `redlock` run by the demo against its own cluster: whatever the user's environment and
+/// config file say for their own nodes (a password, a restart quarantine, a key prefix, a node
+/// timeout) is not for these (with `$REDLOCK_PASSWORD` set, or a config file with a restart
+/// quarantine, every step of the demo failed).
+fn child(exe: &std::path::Path) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.env(CONFIG_ENV, "/dev/null")
+        .env_remove(PASSWORD_ENV)
+        .env_remove(NODES_ENV);
+    cmd
 }
 
 /// A fresh directory for the demo's counter file.
