@@ -611,6 +611,23 @@ mod tests {
         }
     }
 
+    /// A fault of `kind` on `nodes` (4 s of it, for a clock step) injected and healed at `at`.
+    fn instant_fault(kind: FaultKind, nodes: Vec<usize>, at: u64) -> Applied {
+        Applied {
+            fault: Fault {
+                kind,
+                nodes,
+                client: None,
+                amount: Duration::from_secs(4),
+                lasts: Duration::ZERO,
+                ..pause_applied().fault
+            },
+            injected: at,
+            healed: at,
+            ..pause_applied()
+        }
+    }
+
     /// Client 1's acquire at `at`, refused as busy.
     fn refused(at: u64) -> Op {
         let mut refused = op(Kind::Acquire, Outcome::Fail, at);
@@ -750,19 +767,7 @@ mod tests {
     /// patience.
     #[test]
     fn progress_leaves_out_what_steps_back_and_late_pauses_hold_up() {
-        let step = |at: u64| Applied {
-            fault: Fault {
-                kind: FaultKind::ClockBack,
-                nodes: vec![0, 1],
-                client: None,
-                amount: Duration::from_secs(4),
-                lasts: Duration::ZERO,
-                ..pause_applied().fault
-            },
-            injected: at,
-            healed: at,
-            ..pause_applied()
-        };
+        let step = |at: u64| instant_fault(FaultKind::ClockBack, vec![0, 1], at);
         let run = |faults: Vec<Applied>, at: u64, strikes: Vec<(u64, u64)>| {
             let mut ops = a_hold();
             ops.push(refused(at));
@@ -790,23 +795,10 @@ mod tests {
     /// fault after any step back was a quarantine longer, on any node).
     #[test]
     fn a_step_back_lengthens_only_the_faults_on_its_nodes() {
-        let fault = |kind, nodes: Vec<usize>, at: u64| Applied {
-            fault: Fault {
-                kind,
-                nodes,
-                client: None,
-                amount: Duration::from_secs(4),
-                lasts: Duration::ZERO,
-                ..pause_applied().fault
-            },
-            injected: at,
-            healed: at,
-            ..pause_applied()
-        };
         let run = |later_on: usize| {
             let faults = vec![
-                fault(FaultKind::ClockBack, vec![0], 500_000_000),
-                fault(FaultKind::Delay, vec![later_on], 20_000_000_000),
+                instant_fault(FaultKind::ClockBack, vec![0], 500_000_000),
+                instant_fault(FaultKind::Delay, vec![later_on], 20_000_000_000),
             ];
             let mut ops = a_hold();
             ops.push(refused(23_000_000_000));
